@@ -1,0 +1,60 @@
+"""Layers of the GrCNF potential network (paper §4.4)."""
+
+from __future__ import annotations
+
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ConcatSquash", "HorP", "scale_init_"]
+
+
+class HorP(nn.Module):
+    """Horizontal-projection input layer ``HorP(Y) = W - Y Y^T W``.
+
+    Depends on Y only through the projector ``Y Y^T``, so it is invariant under ``Y -> Y Q``
+    for every Q in O(k) (paper eq. 12).
+
+    Args:
+        D: ambient dimension.
+        width: number of columns of W (the paper uses k).
+    """
+
+    def __init__(self, D: int, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(D, width))
+
+    def forward(self, Y: Tensor) -> Tensor:
+        """``Y: (..., D, k)`` -> ``(..., D, width)``."""
+        W = self.weight
+        return W - Y @ (Y.mT @ W)
+
+
+class ConcatSquash(nn.Module):
+    """FFJORD's ConcatSquash layer ``Linear(x) * sigmoid(gate(t)) + bias(t)``.
+
+    References:
+        Grathwohl et al. FFJORD: Free-form Continuous Dynamics for Scalable Reversible
+        Generative Models (ICLR 2019), arXiv:1810.01367.
+    """
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        self.gate = nn.Linear(1, out_features)
+        self.bias = nn.Linear(1, out_features, bias=False)
+
+    def forward(self, t: Tensor, x: Tensor) -> Tensor:
+        """``t``: scalar tensor; ``x: (..., in)`` -> ``(..., out)``."""
+        tt = t.reshape(1, 1).to(x)
+        return self.linear(x) * torch.sigmoid(self.gate(tt)) + self.bias(tt)
+
+
+def scale_init_(module: nn.Module, gain: float) -> nn.Module:
+    """Multiply all weights by ``gain`` (used in tests to make an untrained flow move mass)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.mul_(gain)
+    return module
+
+

@@ -1,0 +1,25 @@
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_dtype():
+    torch.manual_seed(0)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def random_orthogonal(k: int, reflect: bool = True) -> torch.Tensor:
+    """A random Q in O(k); with ``reflect`` its determinant is -1."""
+    Q = torch.linalg.qr(torch.randn(k, k))[0]
+    if reflect and torch.det(Q) > 0 or not reflect and torch.det(Q) < 0:
+        Q = Q.clone()
+        Q[:, 0] = -Q[:, 0]
+    return Q
+
+
+def mc_tolerance(samples: torch.Tensor, n_sigma: float = 4.0) -> float:
+    """Tolerance of a Monte Carlo mean: ``n_sigma`` standard errors."""
+    return n_sigma * samples.std().item() / samples.numel() ** 0.5
