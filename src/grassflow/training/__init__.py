@@ -1,0 +1,41 @@
+"""Training: a resumable, budgeted loop generic over models and objectives.
+
+``train(model, data, config, run_dir)`` fits any ``nn.Module`` with
+``log_prob(Y: (B, D, k)) -> (B,)`` by maximum likelihood (or a pluggable objective) and
+keeps ``config.json``, ``last.pt``, ``best.pt`` and ``metrics.jsonl`` in ``run_dir``.
+
+Example:
+    >>> from grassflow.training import PAPER_TEXTURES, train
+    >>> result = train(flow, texture_sampler, PAPER_TEXTURES.replace(budget_minutes=60),
+    ...                "runs/textures", val_data=Y_val, resume=True)
+    >>> result.stopped  # "done" or "budget" (run again to continue)
+"""
+
+from .batches import Sampler, SamplerBatches, TensorBatches
+from .checkpoint import CheckpointError, atomic_save, load_checkpoint
+from .config import PAPER_TEXTURES, TRAJECTORY_FIELDS, TrainConfig, resolve_device, resolve_dtype
+from .loop import train
+from .metrics import read_metrics
+from .objectives import Objective, mean_nll, nll_objective
+from .result import TrainingDiverged, TrainResult
+
+__all__ = [
+    "PAPER_TEXTURES",
+    "TRAJECTORY_FIELDS",
+    "CheckpointError",
+    "Objective",
+    "Sampler",
+    "SamplerBatches",
+    "TensorBatches",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingDiverged",
+    "atomic_save",
+    "load_checkpoint",
+    "mean_nll",
+    "nll_objective",
+    "read_metrics",
+    "resolve_device",
+    "resolve_dtype",
+    "train",
+]

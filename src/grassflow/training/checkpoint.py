@@ -1,0 +1,100 @@
+"""Atomic checkpoint files and their loading.
+
+A checkpoint is written to a temporary file in the same directory, flushed to disk and
+then renamed over the old one, so a crash mid-write never leaves a truncated ``last.pt``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["CheckpointError", "atomic_write_bytes", "atomic_save", "load_checkpoint", "write_json"]
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing keys, corrupt or unreadable. The message names the file."""
+
+
+def _fsync_dir(directory: Path) -> None:
+    # makes the rename itself durable; not supported everywhere (e.g. Windows), so best effort
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic(path: Path, write) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj)`` to ``path`` atomically (temp file, fsync, ``os.replace``)."""
+    _atomic(Path(path), lambda f: torch.save(obj, f))
+
+
+def atomic_write_bytes(data: bytes, path: str | os.PathLike) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    _atomic(Path(path), lambda f: f.write(data))
+
+
+def write_json(obj: Any, path: str | os.PathLike) -> None:
+    """Pretty JSON to ``path`` atomically."""
+    atomic_write_bytes((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), path)
+
+
+def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict:
+    """Load a checkpoint written by ``atomic_save`` onto the CPU.
+
+    Loads with ``weights_only=True``: checkpoints hold only tensors and plain Python data.
+
+    Args:
+        path: the ``.pt`` file.
+        required: keys that must be present.
+
+    Raises:
+        CheckpointError: the file is unreadable, corrupt, or lacks a required key.
+    """
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a corrupt file
+        raise CheckpointError(
+            f"could not load checkpoint {path}: {type(err).__name__}: {err}. The file is "
+            "corrupt or not a grassflow checkpoint; delete it to start over or restore a copy."
+        ) from err
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a dict")
+    missing = [key for key in required if key not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks keys {missing}")
+    if state.get("format", FORMAT_VERSION) != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format {state['format']}, this code reads {FORMAT_VERSION}"
+        )
+    return state

@@ -1,0 +1,221 @@
+"""The training loop: ``train(model, data, config, run_dir)``, generic over models/objectives.
+
+A run directory holds ``config.json`` (resolved config), ``last.pt`` (everything needed to
+resume bit-exactly), ``best.pt`` (best validation model) and ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from .batches import Sampler, check_points, make_batches
+from .checkpoint import atomic_save, write_json
+from .config import TrainConfig, resolve_device, resolve_dtype
+from .metrics import MetricsLog, make_record
+from .objectives import Objective, mean_nll, nll_objective
+from .result import TrainingDiverged, TrainResult
+from .rng import derive_seed, isolated_rng, seed_all
+from .state import TrainState, load_last, make_optimizer, save_last
+
+__all__ = ["TrainResult", "TrainingDiverged", "train"]
+
+logger = logging.getLogger(__name__)
+
+# the clock, a module attribute so tests can replace it instead of sleeping
+_now = time.monotonic
+
+Callback = Callable[[int, nn.Module, dict], None]
+
+
+def train(
+    model: nn.Module,
+    data: Tensor | Sampler,
+    config: TrainConfig,
+    run_dir: str | Path,
+    *,
+    val_data: Tensor | None = None,
+    objective: Objective = nll_objective,
+    resume: bool = False,
+    progress: bool = True,
+    callback: Callback | None = None,
+) -> TrainResult:
+    """Train ``model`` with Adam on ``objective`` (default: mean NLL), resumably.
+
+    The model is moved in place to ``config.device`` / ``config.dtype``. On a fresh run the
+    global RNGs are seeded from ``config.seed``; on resume they are restored, so an
+    interrupted and resumed run ends with the same parameters as an uninterrupted one
+    (bit-exact on CPU; on GPU as far as the kernels are deterministic).
+
+    Args:
+        model: ``nn.Module`` with ``log_prob(Y: (B, D, k)) -> (B,)`` (needed by the default
+            objective and by validation), optionally ``last_stats = {"nfe": int, ...}``.
+        data: training points ``(N, D, k)`` read in seeded shuffled epochs, or a sampler
+            ``sampler(n, generator: torch.Generator) -> (n, D, k)`` for an infinite stream.
+        config: optimizer, schedule and bookkeeping settings.
+        run_dir: run directory, created if missing.
+        val_data: validation points ``(M, D, k)``; the NLL is evaluated every
+            ``config.val_every`` iterations and at the end, and the best model is ``best.pt``.
+        objective: ``objective(model, batch) -> (loss, stats)``.
+        resume: continue from ``run_dir/last.pt`` if it exists. Fields that change the
+            trajectory (``TRAJECTORY_FIELDS``) must equal the checkpoint's; ``iterations``,
+            logging, budget and device may change.
+        progress: show a tqdm bar with loss, NFE, lr and ETA.
+        callback: ``callback(iteration, model, record)`` after each metrics line (e.g. to
+            draw pictures); it runs with isolated RNG so it cannot perturb training.
+
+    Returns:
+        A ``TrainResult``; ``stopped`` is ``"done"`` or ``"budget"``.
+
+    Raises:
+        TrainingDiverged: non-finite loss, gradient or parameters; nothing bad is saved.
+        FileExistsError: ``run_dir`` already holds ``last.pt`` and ``resume`` is False.
+        ValueError: bad data, or a resumed config that changes the trajectory.
+        CheckpointError: ``last.pt`` is corrupt or does not match the model.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    last_path = run_dir / "last.pt"
+    if last_path.exists() and not resume:
+        raise FileExistsError(f"{last_path} exists: pass resume=True or use a new run_dir")
+    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+    model.to(device=device, dtype=dtype).train()
+    stream = make_batches(data, config.batch_size, config.seed, device, dtype)
+    if val_data is not None:
+        check_points(val_data, "val_data")
+        val_data = val_data.to(device=device, dtype=dtype)
+    optimizer, scheduler = make_optimizer(model, config)
+    state = TrainState()
+    if resume and last_path.exists():
+        state = load_last(last_path, config, model, optimizer, scheduler, stream)
+    else:
+        seed_all(derive_seed(config.seed, "global"))
+    write_json(config.replace(device=str(device)).to_dict(), run_dir / "config.json")
+    metrics = MetricsLog(run_dir / "metrics.jsonl", keep_until=state.iteration)
+    start_iteration, t0 = state.iteration, _now()
+    budget_s = None if config.budget_minutes is None else 60.0 * config.budget_minutes
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def elapsed() -> float:
+        return state.elapsed + _now() - t0
+
+    def result(stopped: str, message: str) -> TrainResult:
+        return TrainResult(
+            iterations=state.iteration,
+            final_loss=state.last_loss,
+            best_val=state.best_val,
+            best_iteration=state.best_iteration,
+            stopped=stopped,
+            elapsed=elapsed(),
+            run_dir=run_dir,
+            message=message,
+        )
+
+    def diverged(what: str, value: float, at: int) -> TrainingDiverged:
+        good = "none written yet"
+        if state.saved_iteration is not None:
+            good = f"{last_path} (iteration {state.saved_iteration})"
+        msg = (
+            f"training diverged at iteration {at}: non-finite {what} "
+            f"({value}); the bad update was not saved. Last good checkpoint: {good}. "
+            "Try a smaller lr, grad_clip, or tighter ODE tolerances."
+        )
+        logger.error(msg)
+        return TrainingDiverged(msg, result("diverged", msg))
+
+    def checkpoint() -> None:
+        if state.saved_iteration == state.iteration:
+            return
+        if not all(bool(torch.isfinite(p).all()) for p in params):
+            raise diverged("parameters", float("nan"), state.iteration)
+        save_last(last_path, state, elapsed(), config, model, optimizer, scheduler, stream)
+
+    def validate(done: int) -> float:
+        with isolated_rng(derive_seed(config.seed, "validation"), device):
+            val_nll = mean_nll(model, val_data, config.batch_size)
+        if math.isfinite(val_nll) and (state.best_val is None or val_nll < state.best_val):
+            state.best_val, state.best_iteration = val_nll, done
+            best = {"model": model.state_dict(), "iteration": done, "val_nll": val_nll}
+            atomic_save({**best, "config": config.to_dict()}, run_dir / "best.pt")
+        return val_nll
+
+    bar = tqdm(
+        total=config.iterations,
+        initial=state.iteration,
+        disable=not progress,
+        desc=run_dir.name,
+        dynamic_ncols=True,
+    )
+    stopped, message = "done", ""
+    try:
+        while state.iteration < config.iterations:
+            batch = stream.batch(state.iteration)
+            optimizer.zero_grad(set_to_none=True)
+            loss, stats = objective(model, batch)
+            loss_value = float(loss.detach())
+            if not math.isfinite(loss_value):
+                raise diverged("loss", loss_value, state.iteration + 1)
+            loss.backward()
+            max_norm = math.inf if config.grad_clip is None else config.grad_clip
+            # returns the norm before clipping, which is what we log
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            if not math.isfinite(grad_norm):
+                raise diverged("gradient norm", grad_norm, state.iteration + 1)
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            state.iteration += 1
+            state.last_loss = loss_value
+            done, last = state.iteration, state.iteration == config.iterations
+
+            log_due = done % config.log_every == 0 or last
+            val_due = val_data is not None and (
+                last or (config.val_every is not None and done % config.val_every == 0)
+            )
+            if log_due or val_due:
+                record = make_record(done, loss_value, stats, lr, grad_norm, elapsed())
+                if val_due:
+                    record["val_nll"] = validate(done)
+                metrics.append(record)
+                if callback is not None:
+                    with isolated_rng(derive_seed(config.seed, "callback", done), device):
+                        callback(done, model, record)
+            bar.update(1)
+            bar.set_postfix(_postfix(loss_value, stats, lr, state.best_val), refresh=False)
+            if done % config.checkpoint_every == 0 or last:
+                checkpoint()
+            if budget_s is not None and not last:
+                spent = _now() - t0
+                # stop if one more step (at the mean pace) would overrun the budget
+                if spent * (1 + 1 / (done - start_iteration)) > budget_s:
+                    checkpoint()
+                    stopped = "budget"
+                    message = (
+                        f"wall-clock budget of {config.budget_minutes:g} min reached at "
+                        f"iteration {done}/{config.iterations}; saved {last_path}; "
+                        "rerun with resume=True to continue"
+                    )
+                    break
+        else:
+            message = f"done: {state.iteration}/{config.iterations} iterations"
+    finally:
+        bar.close()
+    if progress:
+        tqdm.write(message)
+    logger.info(message)
+    return result(stopped, message)
+
+
+def _postfix(loss: float, stats: dict, lr: float, best_val: float | None) -> dict[str, str]:
+    postfix = {"loss": f"{loss:.4f}", "nfe": str(stats.get("nfe", "-")), "lr": f"{lr:.1e}"}
+    if best_val is not None:
+        postfix["best_val"] = f"{best_val:.4f}"
+    return postfix

@@ -1,0 +1,45 @@
+"""What ``train`` returns, and the exception it raises when training diverges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["TrainResult", "TrainingDiverged"]
+
+
+@dataclass
+class TrainResult:
+    """What a call to ``train`` achieved.
+
+    Attributes:
+        iterations: optimizer steps done so far (across resumes).
+        final_loss: loss of the last step, None if no step was ever taken.
+        best_val: best validation NLL so far (None without validation data).
+        best_iteration: iteration of ``best_val``.
+        stopped: ``"done"``, ``"budget"`` (resume later) or ``"diverged"``.
+        elapsed: training wall-clock seconds, summed over invocations.
+        run_dir: the run directory.
+        message: one human-readable line.
+    """
+
+    iterations: int
+    final_loss: float | None
+    best_val: float | None
+    best_iteration: int | None
+    stopped: str
+    elapsed: float
+    run_dir: Path
+    message: str
+
+
+class TrainingDiverged(RuntimeError):
+    """Loss, gradient or parameters became non-finite. ``last.pt`` keeps the last good state.
+
+    Attributes:
+        result: the ``TrainResult`` with ``stopped == "diverged"``.
+    """
+
+    def __init__(self, message: str, result: TrainResult):
+        super().__init__(message)
+        self.result = result

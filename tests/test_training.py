@@ -1,0 +1,300 @@
+"""Tests of the training loop on a toy Watson density over lines in R^3, Gr(1, 3).
+
+Set ``GRASSFLOW_TEST_DEVICE=cuda`` to run them on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from grassflow.training import (
+    PAPER_TEXTURES,
+    CheckpointError,
+    TrainConfig,
+    TrainingDiverged,
+    load_checkpoint,
+    nll_objective,
+    read_metrics,
+    train,
+)
+from grassflow.training import loop as loop_module
+
+DEVICE = os.environ.get("GRASSFLOW_TEST_DEVICE", "cpu")
+
+
+class Watson(nn.Module):
+    """``log p(y) = kappa (mu^T y)^2 - log Z(kappa)`` for lines ``Y = y: (B, 3, 1)``.
+
+    Density w.r.t. the volume of Gr(1, 3) (total 2 pi): ``Z = 2 pi int_0^1 exp(kappa t^2) dt``,
+    by 64-point Gauss-Legendre quadrature. ``noise`` adds zero-mean noise from the global RNG
+    (like a Hutchinson estimator) so resume tests also check the RNG state; ``nan_after`` /
+    ``nan_grad_after`` make the loss / only its gradient NaN after that many calls.
+    """
+
+    def __init__(self, kappa=0.5, noise=0.01, nan_after=None, nan_grad_after=None):
+        super().__init__()
+        self.kappa = nn.Parameter(torch.tensor(kappa, dtype=torch.float64))
+        self.mu_raw = nn.Parameter(torch.tensor([1.0, 0.5, 0.2], dtype=torch.float64))
+        t, w = np.polynomial.legendre.leggauss(64)
+        self.register_buffer("t", torch.from_numpy((t + 1) / 2))
+        self.register_buffer("logw", torch.from_numpy(np.log(w / 2)))
+        self.noise, self.nan_after, self.nan_grad_after = noise, nan_after, nan_grad_after
+        self.calls, self.last_stats = 0, {}
+
+    def log_norm(self):
+        return math.log(2 * math.pi) + torch.logsumexp(self.kappa * self.t**2 + self.logw, 0)
+
+    def log_prob(self, Y):
+        self.calls += 1
+        mu = self.mu_raw / self.mu_raw.norm()
+        quad = (Y[..., 0] @ mu) ** 2
+        if self.noise:  # zero-mean and multiplicative, so that it changes the gradients
+            quad = quad * (1 + self.noise * torch.randn_like(quad))
+        lp = self.kappa * quad - self.log_norm()
+        if self.nan_after is not None and self.calls > self.nan_after:
+            lp = lp * float("nan")
+        if self.nan_grad_after is not None and self.calls > self.nan_grad_after:
+            lp = lp + 0 * torch.sqrt(self.kappa - self.kappa)  # value 0, gradient NaN
+        self.last_stats = {"nfe": 6 + self.calls % 3}
+        return lp
+
+
+def sampler(n, generator):
+    """Lines clustered around the z axis, ``(n, 3, 1)``."""
+    y = torch.tensor([0.0, 0.0, 1.0]) + 0.4 * torch.randn(n, 3, generator=generator)
+    return (y / y.norm(dim=-1, keepdim=True)).unsqueeze(-1)
+
+
+def dataset(n, seed=0):
+    return sampler(n, torch.Generator().manual_seed(seed)).double()
+
+
+def config(**changes):
+    base = dict(lr=0.05, batch_size=16, iterations=30, log_every=1, val_every=None,
+                checkpoint_every=10, seed=3, device=DEVICE, dtype="float64")  # fmt: skip
+    return TrainConfig(**{**base, **changes})
+
+
+def params(model):
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def assert_identical(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+# ------------------------------------------------------------------ the toy model
+def test_watson_is_normalized():
+    model = Watson(kappa=3.0)
+    # int_0^1 exp(k t^2) dt = sum_n k^n / (n! (2n + 1))
+    series = sum(3.0**n / (math.factorial(n) * (2 * n + 1)) for n in range(60))
+    assert model.log_norm().item() == pytest.approx(math.log(2 * math.pi * series), rel=1e-12)
+
+
+# ------------------------------------------------------------------------ config
+def test_config_json_round_trip():
+    for cfg in (config(lr_step=7, grad_clip=1.5, budget_minutes=2.5), PAPER_TEXTURES):
+        again = TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+        assert again == cfg
+    assert PAPER_TEXTURES.batch_size == 500 and PAPER_TEXTURES.lr_step == 20000
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"lr": 0.0}, {"lr": -1e-3}, {"lr": float("nan")}, {"batch_size": 0},
+        {"batch_size": 2.5}, {"iterations": True}, {"betas": (1.0, 0.9)}, {"betas": (0.9,)},
+        {"weight_decay": -1.0}, {"lr_step": 0}, {"lr_gamma": 0.0}, {"grad_clip": 0.0},
+        {"seed": -1}, {"log_every": 0}, {"val_every": 0}, {"budget_minutes": 0.0},
+        {"dtype": "float16"}, {"device": "gpu"},
+    ],
+)  # fmt: skip
+def test_config_rejects_bad_values(changes):
+    with pytest.raises(ValueError, match=next(iter(changes))):
+        config(**changes)
+
+
+def test_config_from_dict_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="lrr"):
+        TrainConfig.from_dict({**config().to_dict(), "lrr": 1.0})
+
+
+# ---------------------------------------------------------------------- training
+def test_loss_decreases_and_best_val_is_kept(tmp_path):
+    model = Watson()
+    val = dataset(100, seed=1)
+    cfg = config(iterations=120, batch_size=64, val_every=20)
+    result = train(model, dataset(400), cfg, tmp_path, val_data=val, progress=False)
+    assert result.stopped == "done" and result.iterations == 120
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["iteration"] for r in records] == list(range(1, 121))
+    losses = [r["loss"] for r in records]
+    assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.3
+    assert all(r["nfe"] in (6, 7, 8) for r in records)
+    vals = {r["iteration"]: r["val_nll"] for r in records if "val_nll" in r}
+    assert sorted(vals) == [20, 40, 60, 80, 100, 120]
+    best = load_checkpoint(tmp_path / "best.pt")
+    assert result.best_val == min(vals.values()) == best["val_nll"]
+    assert vals[best["iteration"]] == best["val_nll"] == result.best_val
+    assert json.loads((tmp_path / "config.json").read_text())["device"] == DEVICE
+
+
+@pytest.mark.parametrize("source", ["tensor", "sampler"])
+def test_resume_is_bit_identical(tmp_path, source):
+    data = dataset(50) if source == "tensor" else sampler  # 4 batches/epoch, the last short
+    cfg = config(lr_step=12)
+    # the uninterrupted run also validates: validation must not perturb training randomness
+    ref = Watson()
+    train(ref, data, cfg.replace(val_every=5), tmp_path / "ref", val_data=dataset(20, 1),
+          progress=False)  # fmt: skip
+
+    first = train(Watson(), data, cfg.replace(iterations=13), tmp_path / "run", progress=False)
+    assert first.stopped == "done" and first.iterations == 13
+    torch.manual_seed(12345)  # scramble the global RNG: resume must restore it
+    model = Watson(kappa=9.0)  # different init: resume must load everything
+    result = train(model, data, cfg, tmp_path / "run", resume=True, progress=False)
+    assert result.iterations == 30 and result.stopped == "done"
+    assert_identical(params(model), params(ref))
+    # metrics: first invocation's lines kept, new ones appended
+    iterations = [r["iteration"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
+    assert iterations == list(range(1, 31))
+
+
+def test_crash_resume_drops_stale_metrics(tmp_path):
+    data = dataset(50)
+    ref = Watson()
+    train(ref, data, config(), tmp_path / "ref", progress=False)
+
+    def crash(iteration, model, record):
+        torch.rand(5)  # e.g. pictures: callbacks must not perturb the training RNG
+        if iteration == 17:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(Watson(), data, config(checkpoint_every=5), tmp_path / "run", progress=False,
+              callback=crash)  # fmt: skip
+    path = tmp_path / "run" / "metrics.jsonl"
+    before = read_metrics(path)
+    assert before[-1]["iteration"] == 17
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["iteration"] == 15
+    model = Watson()
+    train(model, data, config(checkpoint_every=5), tmp_path / "run", resume=True, progress=False)
+    after = read_metrics(path)
+    assert after[:15] == before[:15]  # appended, not overwritten
+    assert [r["iteration"] for r in after] == list(range(1, 31))
+    assert_identical(params(model), params(ref))
+
+
+@pytest.mark.parametrize("kind", ["nan_after", "nan_grad_after"])
+def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, kind):
+    snapshots = {}
+
+    def keep(iteration, model, record):
+        snapshots[iteration] = params(model)
+
+    model = Watson(**{kind: 12})
+    with pytest.raises(TrainingDiverged, match="diverged at iteration 13") as info:
+        train(model, dataset(50), config(checkpoint_every=5), tmp_path, progress=False,
+              callback=keep)  # fmt: skip
+    assert ("loss" if kind == "nan_after" else "gradient") in str(info.value)
+    assert str(tmp_path / "last.pt") in str(info.value)
+    assert info.value.result.stopped == "diverged" and info.value.result.iterations == 12
+    ckpt = load_checkpoint(tmp_path / "last.pt")
+    assert ckpt["iteration"] == 10
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    assert_identical(ckpt["model"], snapshots[10])
+    assert all(torch.isfinite(v).all() for v in params(model).values())  # not stepped
+
+
+def test_budget_stop_checkpoints_and_resumes(tmp_path, monkeypatch):
+    data = dataset(50)
+    ref = Watson()
+    train(ref, data, config(iterations=60), tmp_path / "ref", progress=False)
+
+    clock = iter(range(10**6))  # every reading of the clock advances it by one second
+    monkeypatch.setattr(loop_module, "_now", lambda: float(next(clock)))
+    model = Watson()
+    cfg = config(iterations=60, budget_minutes=0.25)
+    result = train(model, data, cfg, tmp_path / "run", progress=False)
+    assert result.stopped == "budget" and "budget" in result.message
+    assert 1 <= result.iterations < 60
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["iteration"] == result.iterations
+
+    model = Watson()
+    cfg = cfg.replace(budget_minutes=None)
+    result = train(model, data, cfg, tmp_path / "run", resume=True, progress=False)
+    assert result.stopped == "done" and result.iterations == 60
+    assert_identical(params(model), params(ref))
+
+
+def test_grad_clip_limits_the_norm(tmp_path):
+    def loud_nll(model, batch):  # also exercises a custom objective
+        loss, stats = nll_objective(model, batch)
+        return 1e3 * loss, {**stats, "scale": 1e3}
+
+    seen = []
+
+    def check(iteration, model, record):
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+        seen.append((record["grad_norm"], norm.item()))
+
+    train(Watson(), dataset(50), config(iterations=5, grad_clip=0.5), tmp_path, progress=False,
+          objective=loud_nll, callback=check)  # fmt: skip
+    assert len(seen) == 5
+    for before, after in seen:
+        assert before > 0.5 and after == pytest.approx(0.5, rel=1e-6)
+    assert read_metrics(tmp_path / "metrics.jsonl")[0]["scale"] == 1e3
+
+
+def test_checkpoint_errors_are_clear(tmp_path):
+    data = dataset(50)
+    train(Watson(), data, config(iterations=5), tmp_path, progress=False)
+    with pytest.raises(FileExistsError, match="last.pt"):
+        train(Watson(), data, config(iterations=5), tmp_path, progress=False)
+    with pytest.raises(ValueError, match="lr"):
+        train(Watson(), data, config(lr=0.01), tmp_path, resume=True, progress=False)
+    with pytest.raises(CheckpointError, match="does not fit"):
+        train(Watson(), dataset(40), config(), tmp_path, resume=True, progress=False)
+    (tmp_path / "last.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=str(tmp_path / "last.pt")):
+        train(Watson(), data, config(), tmp_path, resume=True, progress=False)
+
+
+def test_bad_data_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match=r"\(N, D, k\)"):
+        train(Watson(), torch.randn(10, 3), config(), tmp_path, progress=False)
+    with pytest.raises(ValueError, match="sampler"):
+        train(Watson(), lambda n, g: torch.randn(n + 1, 3, 1, generator=g), config(), tmp_path,
+              progress=False)  # fmt: skip
+
+
+def test_float32_with_progress_bar(tmp_path, capsys):
+    model = Watson()
+    cfg = config(iterations=12, dtype="float32", log_every=4)
+    result = train(model, sampler, cfg, tmp_path, val_data=dataset(20), progress=True)
+    assert result.stopped == "done" and math.isfinite(result.final_loss)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    captured = capsys.readouterr()
+    assert "done: 12/12" in captured.out and "nfe=" in captured.err
+    assert [r["iteration"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [4, 8, 12]
+
+
+def test_non_finite_parameters_are_never_checkpointed(tmp_path):
+    def corrupt(iteration, model, record):  # stands in for an overflowing update
+        if iteration == 4:
+            with torch.no_grad():
+                model.kappa.fill_(float("inf"))
+
+    with pytest.raises(TrainingDiverged, match="non-finite parameters"):
+        train(Watson(), dataset(50), config(checkpoint_every=2), tmp_path, progress=False,
+              callback=corrupt)  # fmt: skip
+    assert load_checkpoint(tmp_path / "last.pt")["iteration"] == 2
