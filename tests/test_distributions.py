@@ -2,8 +2,8 @@ import math
 
 import pytest
 import torch
-from conftest import mc_tolerance, random_orthogonal
 
+from conftest import mc_tolerance, random_orthogonal
 from grassflow.distributions import MatrixGaussianPrior, UniformGrassmann
 from grassflow.manifolds import Grassmann, orthonormality_error
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
-from conftest import mc_tolerance, random_orthogonal
 
+from conftest import mc_tolerance, random_orthogonal
 from grassflow.manifolds import Grassmann
 from grassflow.nn import PRESETS, ConcatSquash, GrassmannField, HorP, Potential, scale_init_
 from grassflow.ode.divergence import divergence_exact, divergence_hutchinson, horizontal_basis

@@ -2,8 +2,8 @@ import math
 
 import pytest
 import torch
-from conftest import mc_tolerance, random_orthogonal
 
+from conftest import mc_tolerance, random_orthogonal
 from grassflow.manifolds import Grassmann, orthonormality_error
 
 CASES = [(1, 3), (2, 4), (2, 3), (3, 13), (3, 5)]

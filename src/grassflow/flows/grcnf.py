@@ -118,24 +118,21 @@ class GrCNF(nn.Module):
     def _dynamics(self, sign: float, exact: bool | None, Y_like: Tensor):
         """ODE right-hand side in rescaled time s: ``(T X(sT, Y), sign * T div X)``."""
         T = self.T.to(Y_like)
-        noise = None
-        if exact is False:
-            noise = torch.randn_like(Y_like)  # fixed per solve, as in FFJORD
+        noise = torch.randn_like(Y_like) if exact is False else None  # fixed per solve (FFJORD)
+        create_graph = torch.is_grad_enabled()
+        fast = getattr(self.field, "field_and_divergence", None)
 
         def dynamics(s: Tensor, Y: Tensor) -> tuple[Tensor, Tensor]:
             t = s * T
-
-            def field(Z: Tensor) -> Tensor:
-                return T * self.field(t, Z)
-
             if exact is None:
-                X = field(Y)
-                return X, Y.new_zeros(Y.shape[:-2])
-            if exact:
-                X, div = divergence_exact(field, Y)
+                return T * self.field(t, Y), Y.new_zeros(Y.shape[:-2])
+            if fast is not None:
+                X, div = fast(t, Y, noise, create_graph=create_graph)
+            elif exact:
+                X, div = divergence_exact(lambda Z: self.field(t, Z), Y)
             else:
-                X, div = divergence_hutchinson(field, Y, noise)
-            return X, sign * div
+                X, div = divergence_hutchinson(lambda Z: self.field(t, Z), Y, noise)
+            return T * X, (sign * T) * div
 
         return dynamics
 
@@ -183,6 +180,9 @@ class GrCNF(nn.Module):
 
     def log_prob(self, Y: Tensor, exact: bool | None = None) -> Tensor:
         """Exact (or Hutchinson) log-density of ``[Y]``, ``Y: (B, D, k)`` -> ``(B,)``.
+
+        Works under ``torch.no_grad()`` (no graph is kept; the divergence still uses autograd
+        internally).
 
         Args:
             Y: orthonormal representatives; any representative gives the same value.

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ..ode.divergence import horizontal_basis, horizontal_noise
 from .layers import ConcatSquash, HorP
 
 __all__ = ["PRESETS", "GrassmannField", "Potential"]
@@ -84,3 +85,40 @@ class GrassmannField(nn.Module):
         """``t``: scalar tensor; ``Y: (..., D, k)`` -> ``X: (..., D, k)``."""
         G = torch.func.grad(lambda Z: self.potential(t, Z).sum())(Y)
         return G - Y @ (Y.mT @ G)
+
+    def field_and_divergence(
+        self, t: Tensor, Y: Tensor, noise: Tensor | None = None, create_graph: bool = True
+    ) -> tuple[Tensor, Tensor]:
+        """Field and its divergence via the Laplace-Beltrami operator of the potential.
+
+        For ``X = (I - Y Y^T) G`` with ``G = dv/dY`` and horizontal E,
+        ``<E, DX[E]> = <E, H[E]> - tr(E^T E Y^T G)`` (H the Euclidean Hessian), so
+        ``div X = tr_h(H) - (D - k) tr(Y^T G)``. Hessian-vector products by double backward
+        are about 3x cheaper than ``jvp`` over the ``torch.func`` field on small problems.
+
+        Args:
+            t: scalar time.
+            Y: ``(B, D, k)`` points.
+            noise: ``(B, D, k)`` Gaussian probe for a Hutchinson estimate; None for exact
+                (k(D - k) Hessian-vector products).
+            create_graph: keep the graph for backpropagation through the result.
+
+        Returns:
+            ``X: (B, D, k)`` and ``div: (B,)``.
+        """
+        with torch.enable_grad():
+            if not Y.requires_grad:
+                Y = Y.detach().requires_grad_(True)
+            G = torch.autograd.grad(self.potential(t, Y).sum(), Y, create_graph=True)[0]
+            E = horizontal_basis(Y) if noise is None else horizontal_noise(Y, noise)[None]
+            HE = torch.autograd.grad(
+                G, Y, E if E.shape[0] > 1 else E[0], create_graph=create_graph,
+                is_grads_batched=E.shape[0] > 1,
+            )[0]
+            YtG = Y.mT @ G
+            X = G - Y @ YtG
+            div = (E * HE).sum(dim=(0, -2, -1)) if E.shape[0] > 1 else (E[0] * HE).sum((-2, -1))
+            div = div - ((E.mT @ E).sum(0) * YtG.mT).sum(dim=(-2, -1))
+        if not create_graph:
+            X, div = X.detach(), div.detach()
+        return X, div

@@ -42,15 +42,15 @@ def nll_objective(model: nn.Module, batch: Tensor) -> tuple[Tensor, dict[str, An
 def mean_nll(model: nn.Module, Y: Tensor, batch_size: int) -> float:
     """Mean ``-log_prob`` over ``Y: (N, D, k)``, evaluated in chunks of ``batch_size``.
 
-    Runs under ``torch.enable_grad()`` because a CNF's ``log_prob`` may differentiate
-    internally (exact divergence); results are detached so no graph outlives a chunk.
+    Runs under ``torch.no_grad()``: models that differentiate internally (a CNF's
+    divergence) must re-enable autograd themselves, as :class:`GrCNF` does.
     The model is put in eval mode for the call and restored afterwards.
     """
     was_training = model.training
     model.eval()
     total = 0.0
     try:
-        with torch.enable_grad():
+        with torch.no_grad():
             for start in range(0, Y.shape[0], batch_size):
                 chunk = Y[start : start + batch_size]
                 total += -model.log_prob(chunk).detach().sum().item()
