@@ -90,9 +90,8 @@ class MatrixGaussianPrior(Distribution):
         # orthonormal basis of span(M)^perp: horizontal vectors are M_perp @ B, B: (D-k, k)
         Q = torch.linalg.qr(torch.cat([mean, torch.eye(D, dtype=dtype, device=device)], -1))[0]
         self.M_perp = Q[:, k:D]
-        self.L_hrow = check_covariance(
-            self.M_perp.mT @ row_cov @ self.M_perp, D - k, "row_cov restricted to the horizontal space"
-        )
+        U_h = self.M_perp.mT @ row_cov @ self.M_perp
+        self.L_hrow = check_covariance(U_h, D - k, "row_cov restricted to the horizontal space")
         n = (D - k) * k
         self._log_norm = -0.5 * n * math.log(2 * math.pi) - (
             k * torch.log(torch.diagonal(self.L_hrow)).sum()
@@ -100,7 +99,7 @@ class MatrixGaussianPrior(Distribution):
         )
         super().__init__(torch.Size(), torch.Size((D, k)), validate_args=False)
 
-    def rsample(self, sample_shape=torch.Size(), generator: torch.Generator | None = None) -> Tensor:
+    def rsample(self, sample_shape=(), generator: torch.Generator | None = None) -> Tensor:
         """Algorithm 1. Returns ``(*sample_shape, D, k)`` orthonormal representatives."""
         D, k = self.manifold.D, self.manifold.k
         E = torch.randn(
@@ -110,7 +109,7 @@ class MatrixGaussianPrior(Distribution):
         xi = self.manifold.proju(self.loc, Z)
         return self.manifold.retr(self.loc.expand_as(xi), xi)
 
-    def sample(self, sample_shape=torch.Size(), generator: torch.Generator | None = None) -> Tensor:
+    def sample(self, sample_shape=(), generator: torch.Generator | None = None) -> Tensor:
         with torch.no_grad():
             return self.rsample(sample_shape, generator=generator)
 

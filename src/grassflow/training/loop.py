@@ -176,9 +176,16 @@ def train(
             state.last_loss = loss_value
             done, last = state.iteration, state.iteration == config.iterations
 
-            log_due = done % config.log_every == 0 or last
+            # stop if one more step (at the mean pace) would overrun the budget
+            out_of_budget = (
+                budget_s is not None
+                and not last
+                and (_now() - t0) * (1 + 1 / (done - start_iteration)) > budget_s
+            )
+            final = last or out_of_budget  # always log and validate the final iteration
+            log_due = done % config.log_every == 0 or final
             val_due = val_data is not None and (
-                last or (config.val_every is not None and done % config.val_every == 0)
+                final or (config.val_every is not None and done % config.val_every == 0)
             )
             if log_due or val_due:
                 record = make_record(done, loss_value, stats, lr, grad_norm, elapsed())
@@ -190,20 +197,16 @@ def train(
                         callback(done, model, record)
             bar.update(1)
             bar.set_postfix(_postfix(loss_value, stats, lr, state.best_val), refresh=False)
-            if done % config.checkpoint_every == 0 or last:
+            if done % config.checkpoint_every == 0 or final:
                 checkpoint()
-            if budget_s is not None and not last:
-                spent = _now() - t0
-                # stop if one more step (at the mean pace) would overrun the budget
-                if spent * (1 + 1 / (done - start_iteration)) > budget_s:
-                    checkpoint()
-                    stopped = "budget"
-                    message = (
-                        f"wall-clock budget of {config.budget_minutes:g} min reached at "
-                        f"iteration {done}/{config.iterations}; saved {last_path}; "
-                        "rerun with resume=True to continue"
-                    )
-                    break
+            if out_of_budget:
+                stopped = "budget"
+                message = (
+                    f"wall-clock budget of {config.budget_minutes:g} min reached at "
+                    f"iteration {done}/{config.iterations}; saved {last_path}; "
+                    "rerun with resume=True to continue"
+                )
+                break
         else:
             message = f"done: {state.iteration}/{config.iterations} iterations"
     finally:
