@@ -1,7 +1,22 @@
-"""grassflow: continuous normalizing flows on Grassmann manifolds (GrCNF)."""
+"""grassflow: continuous normalizing flows on Grassmann manifolds (GrCNF).
+
+Points of Gr(k, D) are orthonormal representatives ``Y: (..., D, k)``; every ``log_prob`` is a
+density with respect to the Riemannian volume of Gr(k, D) under the metric ``tr(xi^T eta)``.
+"""
 
 from .distributions import MatrixGaussianPrior, UniformGrassmann
+from .flows import GrCNF
 from .manifolds import Grassmann
+from .nn import GrassmannField, Potential
+from .ode import odeint_grassmann
 
-__all__ = ["Grassmann", "MatrixGaussianPrior", "UniformGrassmann"]
+__all__ = [
+    "GrCNF",
+    "Grassmann",
+    "GrassmannField",
+    "MatrixGaussianPrior",
+    "Potential",
+    "UniformGrassmann",
+    "odeint_grassmann",
+]
 __version__ = "0.1.0"

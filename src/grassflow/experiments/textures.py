@@ -217,6 +217,7 @@ def plot_run(run_dir: str | Path, n_samples: int = 2000, seed: int = 0) -> list[
             SphereColumn(exp.dataset, data, generated, _density_fn(model)),
         ],
         out / "textures.png",
+        dtype=dtype,
     )
     figure_antipodal(-Y0, {exp.dataset: antipodal}, out / "antipodal.png")
     return [out / "textures.png", out / "antipodal.png"]
@@ -235,8 +236,9 @@ def plot_prior(path: str | Path, sigma2: float = 0.5) -> Path:
     from ..distributions import MatrixGaussianPrior
 
     gr = Grassmann(1, 3)
-    prior = MatrixGaussianPrior(gr, torch.eye(3, 1), sigma2 * torch.eye(3), torch.eye(1))
-    figure_prior_views(prior.log_prob, path)
+    eye = torch.eye(3, dtype=torch.float64)
+    prior = MatrixGaussianPrior(gr, eye[:, :1], sigma2 * eye, eye[:1, :1])
+    figure_prior_views(prior.log_prob, path, dtype=torch.float64)
     return Path(path)
 
 
@@ -290,7 +292,7 @@ def reproduce(
         columns.append(SphereColumn(name, data, generated, _density_fn(model)))
     prior = model.prior()
     columns.insert(0, SphereColumn("Prior", Y0, None, prior.log_prob))
-    figure_textures(columns, out / "figure3.png")
+    figure_textures(columns, out / "figure3.png", dtype=Y0.dtype)
     figure_antipodal(-Y0, antipodal, out / "figure4.png")
     plot_prior(out / "prior.png")
     write_json(rows, out / "textures.json")

@@ -1,0 +1,56 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from grassflow.cli import main
+from grassflow.manifolds import orthonormality_error
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_train_resume_eval_sample_plot(tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["train", "--dataset", "2sines", "--run-dir", str(run), "--batch-size", "16",
+            "--no-progress", "--atol", "1e-3", "--rtol", "1e-3"]
+    assert main([*args, "--iterations", "2"]) == 0
+    # a second plain `train` must not silently overwrite the run
+    assert main([*args, "--iterations", "2"]) == 2
+    assert "resume" in capsys.readouterr().err
+    assert main([*args, "--iterations", "4", "--resume"]) == 0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["iteration"] == 4
+
+    assert main(["eval", str(run), "--n-samples", "50"]) == 0
+    result = json.loads((run / "eval.json").read_text())
+    assert result["uniform_nll"] == pytest.approx(np.log(2 * np.pi))
+    assert np.isfinite(result["test_nll"]) and result["antipodal_max_dist"] < 1e-3
+
+    out = tmp_path / "s.npz"
+    assert main(["sample", str(run), "--n", "7", "--out", str(out)]) == 0
+    saved = np.load(out)
+    assert saved["Y"].shape == (7, 3, 1) and np.isfinite(saved["log_prob"]).all()
+    assert orthonormality_error(torch.from_numpy(saved["Y"])).max() < 1e-5
+
+    prior_png = tmp_path / "prior.png"
+    assert main(["plot", "--prior", str(prior_png)]) == 0
+    assert prior_png.stat().st_size > 10_000
+
+
+def test_demo_end_to_end(tmp_path, capsys):
+    out = tmp_path / "demo"
+    rc = main(["demo", "--out", str(out), "--budget-minutes", "0.02", "--no-progress",
+               "--atol", "1e-3", "--rtol", "1e-3"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "test NLL" in text and "uniform 1.838" in text
+    for name in ("textures.png", "antipodal.png", "prior.png", "eval.json", "last.pt"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_cli_errors(tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "missing")]) == 2
+    assert "experiment.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--dataset", "nope", "--run-dir", str(tmp_path)])
