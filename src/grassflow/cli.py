@@ -16,6 +16,7 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--iterations", type=int)
     g.add_argument("--batch-size", type=int)
     g.add_argument("--lr", type=float)
+    g.add_argument("--grad-clip", type=float, help="clip the gradient norm to this value")
     g.add_argument("--seed", type=int)
     g.add_argument("--dtype", choices=("float32", "float64"))
     g.add_argument("--device", help="cpu, cuda, cuda:1 or auto")
@@ -33,6 +34,7 @@ def _apply_overrides(exp, args):
         "iterations": args.iterations,
         "batch_size": args.batch_size,
         "lr": args.lr,
+        "grad_clip": args.grad_clip,
         "seed": args.seed,
         "dtype": args.dtype,
         "device": args.device,
