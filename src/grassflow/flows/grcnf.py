@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from ..distributions import MatrixGaussianPrior, UniformGrassmann
 from ..manifolds import Grassmann
 from ..nn import GrassmannField
-from ..ode import divergence_exact, divergence_hutchinson, odeint_grassmann
+from ..ode import METHODS, divergence_exact, divergence_hutchinson, odeint_grassmann
 
 __all__ = ["GrCNF"]
 
@@ -69,8 +69,18 @@ class GrCNF(nn.Module):
             raise ValueError(f"prior must be 'gaussian' or 'uniform', got {prior!r}")
         if divergence not in ("exact", "hutchinson"):
             raise ValueError(f"divergence must be 'exact' or 'hutchinson', got {divergence!r}")
-        if T <= 0:
-            raise ValueError(f"end time T must be positive, got {T}")
+        if not (math.isfinite(T) and T > 0):
+            raise ValueError(f"end time T must be positive and finite, got {T}")
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise ValueError(f"prior scale sigma must be positive, got {sigma}")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if adjoint and method != "ambient":
+            raise ValueError("adjoint=True is only available with method='ambient'")
+        if not (atol > 0 and rtol > 0):
+            raise ValueError(f"atol and rtol must be positive, got atol={atol}, rtol={rtol}")
+        if field is not None and not isinstance(field, nn.Module):
+            raise ValueError(f"field must be an nn.Module, got {type(field).__name__}")
         self.manifold = manifold
         self.field = GrassmannField.from_preset(D, k) if field is None else field
         self.prior_kind = prior
@@ -199,8 +209,8 @@ class GrCNF(nn.Module):
         return self.log_prob(Y)
 
     def sample_prior(self, n: int, generator: torch.Generator | None = None) -> Tensor:
-        if n < 1:
-            raise ValueError(f"number of samples must be >= 1, got {n}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"number of samples must be an integer >= 1, got {n!r}")
         return self.prior().sample((n,), generator=generator)
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:

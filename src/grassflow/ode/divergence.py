@@ -24,14 +24,15 @@ Field = Callable[[Tensor], Tensor]
 
 
 def horizontal_basis(Y: Tensor) -> Tensor:
-    """Orthonormal basis of the horizontal space at ``Y: (B, D, k)``: ``(k(D-k), B, D, k)``."""
-    B, D, k = Y.shape
+    """Orthonormal basis of the horizontal space at ``Y: (..., D, k)``: ``(k(D-k), ..., D, k)``."""
+    D, k = Y.shape[-2:]
     with torch.no_grad():
-        Q = torch.linalg.qr(Y.detach(), mode="complete")[0][..., k:]  # (B, D, D-k)
+        Q = torch.linalg.qr(Y.detach(), mode="complete")[0][..., k:]  # (..., D, D-k)
     eye = torch.eye(k, dtype=Y.dtype, device=Y.device)
-    # E[(i, j)] = Q[:, :, i] e_j^T
-    E = Q.permute(2, 0, 1)[:, None, :, :, None] * eye[None, :, None, None, :]  # (D-k, k, B, D, k)
-    E = E.reshape((D - k) * k, B, D, k)
+    # E[(i, j)] = Q[..., :, i] e_j^T
+    batch = (1,) * (Y.dim() - 2)
+    E = Q.movedim(-1, 0)[:, None, ..., None] * eye.view(1, k, *batch, 1, k)  # (D-k, k, ..., D, k)
+    E = E.reshape((D - k) * k, *Y.shape)
     return E - Y @ (Y.mT @ E)
 
 
@@ -45,10 +46,10 @@ def divergence_exact(field: Field, Y: Tensor) -> tuple[Tensor, Tensor]:
 
     Args:
         field: ``Y: (B, D, k) -> X: (B, D, k)``, built from ``torch.func``-compatible ops.
-        Y: ``(B, D, k)`` points.
+        Y: ``(..., D, k)`` points.
 
     Returns:
-        ``X: (B, D, k)`` and ``div: (B,)``.
+        ``X: (..., D, k)`` and ``div: (...)``.
     """
     Y = Y.contiguous()  # forward-mode AD rejects expanded (aliased) primals
     E = horizontal_basis(Y)
