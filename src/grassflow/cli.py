@@ -65,6 +65,7 @@ def _print_eval(result: dict) -> None:
 
 def cmd_demo(args) -> None:
     from .experiments import textures as tx
+    from .experiments import textures_figures as fig
 
     exp = dataclasses.replace(tx.DEMO, dataset=args.dataset)
     exp = _apply_overrides(exp, args)
@@ -78,8 +79,8 @@ def cmd_demo(args) -> None:
     )
     tx.run(exp, out, resume=resume, progress=not args.no_progress)
     result = tx.evaluate(out)
-    paths = tx.plot_run(out)
-    paths.append(tx.plot_prior(out / "prior.png"))
+    paths = fig.plot_run(out)
+    paths.append(fig.plot_prior(out / "prior.png"))
     _print_eval(result)
     print("pictures:", ", ".join(str(p) for p in paths))
 
@@ -115,18 +116,19 @@ def cmd_sample(args) -> None:
 
 
 def cmd_plot(args) -> None:
-    from .experiments import textures as tx
+    from .experiments import textures_figures as fig
 
     if args.prior:
-        print("wrote", tx.plot_prior(args.prior, sigma2=args.sigma2))
+        print("wrote", fig.plot_prior(args.prior, sigma2=args.sigma2))
     if args.run_dir:
-        print("wrote", ", ".join(str(p) for p in tx.plot_run(args.run_dir)))
+        print("wrote", ", ".join(str(p) for p in fig.plot_run(args.run_dir)))
     if not (args.prior or args.run_dir):
         raise SystemExit("grassflow plot: give a RUN_DIR and/or --prior OUT.png")
 
 
 def cmd_reproduce(args) -> None:
     from .experiments import textures as tx
+    from .experiments import textures_figures as fig
 
     base = _apply_overrides(
         tx.TexturesExperiment(
@@ -134,7 +136,7 @@ def cmd_reproduce(args) -> None:
         ),
         args,
     )
-    rows = tx.reproduce(
+    rows = fig.reproduce(
         args.out,
         args.runs,
         budget_minutes=args.budget_minutes_per_dataset,
