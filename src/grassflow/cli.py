@@ -20,6 +20,9 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int)
     g.add_argument("--dtype", choices=("float32", "float64"))
     g.add_argument("--device", help="cpu, cuda, cuda:1 or auto")
+    g.add_argument(
+        "--objective", choices=("mle", "fm"), help="maximum likelihood or flow matching"
+    )
     g.add_argument("--divergence", choices=("exact", "hutchinson"))
     g.add_argument("--method", choices=("cayley_rkmk", "ambient"))
     g.add_argument("--atol", type=float)
@@ -40,6 +43,7 @@ def _apply_overrides(exp, args):
         "device": args.device,
     }
     model_fields = {
+        "objective": args.objective,
         "divergence": args.divergence,
         "method": args.method,
         "atol": args.atol,

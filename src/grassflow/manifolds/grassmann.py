@@ -254,6 +254,33 @@ class Grassmann(nn.Module):
         scale = 1.0 / torch.sinc(theta / math.pi)
         return (W * scale.unsqueeze(-2)) @ A.mT
 
+    def geodesic(self, Y0: Tensor, Y1: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+        """Point and velocity of the geodesic ``Y_t = exp_{Y0}(t log_{Y0}(Y1))``.
+
+        With ``log_{Y0}(Y1) = U diag(theta) V^T``:
+        ``Y_t = (Y0 V cos(t theta) + U sin(t theta)) V^T`` and
+        ``dY_t/dt = (-Y0 V theta sin(t theta) + U theta cos(t theta)) V^T``, which is horizontal
+        at Y_t. Written with ``W = U sin(theta)`` so that small angles and the cut locus
+        (theta = pi/2, where one of the minimizing geodesics is taken) stay finite.
+
+        Args:
+            Y0: ``(..., D, k)`` start; Y_t is a representative continuing Y0 (``Y_0 = Y0``).
+            Y1: ``(..., D, k)`` end; only ``[Y1]`` matters.
+            t: ``(...)`` times in [0, 1].
+
+        Returns:
+            ``Y_t: (..., D, k)`` and ``u_t = dY_t/dt: (..., D, k)``.
+        """
+        theta, W, A = self.principal_decomposition(Y0, Y1)
+        t = t.unsqueeze(-1)
+        tt = t * theta
+        sinc = torch.sinc(theta / math.pi)  # sin(theta) / theta
+        Y0A = Y0 @ A
+        sin_ratio = t * torch.sinc(tt / math.pi) / sinc  # sin(t theta) / sin(theta)
+        Yt = Y0A * torch.cos(tt).unsqueeze(-2) + W * sin_ratio.unsqueeze(-2)
+        ut = -Y0A * (theta * torch.sin(tt)).unsqueeze(-2) + W * (torch.cos(tt) / sinc).unsqueeze(-2)
+        return Yt @ A.mT, ut @ A.mT
+
     def principal_angles(self, Y: Tensor, X: Tensor) -> Tensor:
         """Principal angles ``(..., k)`` in [0, pi/2], ascending."""
         return self.principal_decomposition(Y, X)[0]

@@ -44,8 +44,8 @@ class ConcatSquash(nn.Module):
         self.bias = nn.Linear(1, out_features, bias=False)
 
     def forward(self, t: Tensor, x: Tensor) -> Tensor:
-        """``t``: scalar tensor; ``x: (..., in)`` -> ``(..., out)``."""
-        tt = t.reshape(1, 1).to(x)
+        """``t``: scalar or per-sample ``(...)`` times; ``x: (..., in)`` -> ``(..., out)``."""
+        tt = t.to(x).unsqueeze(-1)
         return self.linear(x) * torch.sigmoid(self.gate(tt)) + self.bias(tt)
 
 

@@ -14,6 +14,7 @@ Example:
 from .batches import Sampler, SamplerBatches, TensorBatches
 from .checkpoint import CheckpointError, atomic_save, load_checkpoint
 from .config import PAPER_TEXTURES, TRAJECTORY_FIELDS, TrainConfig, resolve_device, resolve_dtype
+from .flow_matching import flow_matching_objective
 from .loop import train
 from .metrics import read_metrics
 from .objectives import Objective, mean_nll, nll_objective
@@ -23,6 +24,7 @@ __all__ = [
     "PAPER_TEXTURES",
     "TRAJECTORY_FIELDS",
     "CheckpointError",
+    "flow_matching_objective",
     "Objective",
     "Sampler",
     "SamplerBatches",
