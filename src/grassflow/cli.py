@@ -134,6 +134,17 @@ def cmd_reproduce(args) -> None:
     from .experiments import textures as tx
     from .experiments import textures_figures as fig
 
+    if args.experiment == "fm-vs-mle":
+        from .experiments import fm_vs_mle
+
+        out = "results/fm_vs_mle" if args.out == "results/textures" else args.out
+        runs = "runs/fm_vs_mle" if args.runs == "runs/textures" else args.runs
+        result = fm_vs_mle.compare(
+            out, runs, args.dataset, args.budget_minutes_per_dataset, progress=not args.no_progress
+        )
+        print(fm_vs_mle.markdown_table(result))
+        return
+
     base = _apply_overrides(
         tx.TexturesExperiment(
             train=tx.PAPER_TEXTURES.replace(batch_size=200, val_every=500, checkpoint_every=250)
@@ -194,10 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("reproduce", help="regenerate a paper experiment")
-    p.add_argument("experiment", choices=("textures",))
+    p.add_argument("experiment", choices=("textures", "fm-vs-mle"))
+    p.add_argument("--dataset", default="2sines", choices=TEXTURES, help="for fm-vs-mle")
     p.add_argument("--out", default="results/textures", help="figures and tables")
     p.add_argument("--runs", default="runs/textures", help="run directories (checkpoints)")
-    p.add_argument("--budget-minutes-per-dataset", type=float, default=20.0)
+    p.add_argument(
+        "--budget-minutes-per-dataset", type=float, default=10.0,
+        help="training minutes per dataset (textures) or per objective (fm-vs-mle)",
+    )
     p.add_argument("--datasets", nargs="+", default=list(TEXTURES), choices=TEXTURES)
     _add_train_options(p)
     p.set_defaults(func=cmd_reproduce)
