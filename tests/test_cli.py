@@ -61,6 +61,25 @@ def test_train_with_flow_matching(tmp_path):
     assert np.isfinite(json.loads((run / "eval.json").read_text())["test_nll"])
 
 
+def test_reproduce_fm_vs_mle_end_to_end(tmp_path):
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    rc = main(["reproduce", "fm-vs-mle", "--dataset", "target", "--out", str(out), "--runs",
+               str(runs), "--budget-minutes-per-dataset", "0.03", "--no-progress",
+               "--atol", "1e-3", "--rtol", "1e-3"])
+    assert rc == 0
+    result = json.loads((out / "fm_vs_mle.json").read_text())
+    for objective in ("mle", "fm"):
+        points = result["curves"][objective]
+        assert points and all(np.isfinite(p["test_nll"]) for p in points)
+        seconds = [p["seconds"] for p in points]
+        assert seconds == sorted(seconds)
+    assert result["summary"]["mle_best_nll"] == min(p["test_nll"] for p in result["curves"]["mle"])
+    assert (out / "fm_vs_mle.png").stat().st_size > 10_000
+    # the comparison refuses to mix with an earlier run
+    assert main(["reproduce", "fm-vs-mle", "--dataset", "target", "--out", str(out), "--runs",
+                 str(runs), "--budget-minutes-per-dataset", "0.03", "--no-progress"]) == 2
+
+
 def test_cli_errors(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "missing")]) == 2
     assert "experiment.json" in capsys.readouterr().err

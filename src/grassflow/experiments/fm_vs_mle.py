@@ -64,7 +64,7 @@ def compare(
             checkpoint_every=10**6, budget_minutes=budget_minutes,
         ),
     )
-    test = texture_splits(dataset, dtype=torch.float32)["test"]
+    test = texture_splits(dataset, dtype=getattr(torch, base.train.dtype))["test"]
     curves = {}
     for objective in ("mle", "fm"):
         exp = dataclasses.replace(base, objective=objective)
@@ -73,7 +73,7 @@ def compare(
             raise FileExistsError(f"{run_dir} exists; delete it to rerun the comparison")
         points = []
         for elapsed, iteration, state in _snapshots(exp, run_dir, n_snapshots, progress):
-            model = build_model(exp)
+            model = build_model(exp).to(test.dtype)
             model.load_state_dict(state)
             with torch.no_grad():
                 nll = -model.eval().log_prob(test)
