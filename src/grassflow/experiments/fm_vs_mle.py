@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from ..data.textures import sample_texture, texture_splits
+from ..data.textures import texture_splits
 from ..training import PAPER_TEXTURES, train
 from ..training.checkpoint import write_json
-from .textures import OBJECTIVES, TexturesExperiment, build_model
+from .textures import OBJECTIVES, TexturesExperiment, build_model, texture_stream
 
 __all__ = ["compare", "markdown_table"]
 
@@ -29,11 +29,7 @@ def _snapshots(exp: TexturesExperiment, run_dir: Path, n_snapshots: int, progres
     marks = [budget_s * (i + 1) / n_snapshots for i in range(n_snapshots)]
     snaps = []
     model = build_model(exp)
-    dtype = getattr(torch, exp.train.dtype)
-
-    def sampler(n: int, generator: torch.Generator) -> torch.Tensor:
-        seed = int(torch.randint(2**62, (1,), generator=generator))
-        return sample_texture(exp.dataset, n, seed=seed, dtype=dtype)
+    sampler = texture_stream(exp.dataset, getattr(torch, exp.train.dtype))
 
     def callback(iteration: int, model, record: dict) -> None:
         if marks and record["elapsed"] >= marks[0] * 0.98:

@@ -126,6 +126,16 @@ def _splits(exp: TexturesExperiment, dtype: torch.dtype) -> dict[str, torch.Tens
     return texture_splits(exp.dataset, exp.n_val, exp.n_test, exp.data_seed, dtype=dtype)
 
 
+def texture_stream(dataset: str, dtype: torch.dtype):
+    """A training-loop sampler ``(n, generator) -> (n, 3, 1)`` drawing fresh texture batches."""
+
+    def sampler(n: int, generator: torch.Generator) -> torch.Tensor:
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        return sample_texture(dataset, n, seed=seed, dtype=dtype)
+
+    return sampler
+
+
 def run(
     exp: TexturesExperiment, run_dir: str | Path, *, resume: bool = False, progress: bool = True
 ) -> TrainResult:
@@ -135,13 +145,9 @@ def run(
     write_json(exp.to_dict(), run_dir / "experiment.json")
     dtype = getattr(torch, exp.train.dtype)
 
-    def sampler(n: int, generator: torch.Generator) -> torch.Tensor:
-        seed = int(torch.randint(2**62, (1,), generator=generator))
-        return sample_texture(exp.dataset, n, seed=seed, dtype=dtype)
-
     return train(
         build_model(exp),
-        sampler,
+        texture_stream(exp.dataset, dtype),
         exp.train,
         run_dir,
         val_data=_splits(exp, dtype)["val"],
