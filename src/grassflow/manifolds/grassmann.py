@@ -49,7 +49,9 @@ class Grassmann(nn.Module):
         >>> Y = gr.random(10)                 # (10, 4, 2), Haar distributed
         >>> xi = gr.proju(Y, torch.randn(10, 4, 2))
         >>> X = gr.retr(Y, xi)
-        >>> bool(gr.same_subspace(gr.retr(Y @ Q, xi @ Q), X).all())  # for any Q in O(2)
+        >>> Q = torch.linalg.qr(torch.randn(2, 2))[0]  # any rotation or reflection
+        >>> bool(gr.same_subspace(gr.retr(Y @ Q, xi @ Q), X).all())
+        True
     """
 
     def __init__(self, k: int, D: int):
