@@ -63,21 +63,27 @@ def test_train_with_flow_matching(tmp_path):
 
 def test_reproduce_fm_vs_mle_end_to_end(tmp_path):
     out, runs = tmp_path / "out", tmp_path / "runs"
-    rc = main(["reproduce", "fm-vs-mle", "--dataset", "target", "--out", str(out), "--runs",
-               str(runs), "--budget-minutes-per-dataset", "0.03", "--no-progress",
-               "--atol", "1e-3", "--rtol", "1e-3"])
-    assert rc == 0
+    args = ["reproduce", "fm-vs-mle", "--datasets", "target", "--out", str(out), "--runs",
+            str(runs), "--budget-minutes-per-dataset", "0.03", "--no-progress",
+            "--objectives", "fm-ot", "mle", "--atol", "1e-3", "--rtol", "1e-3"]
+    assert main(args) == 0
     result = json.loads((out / "fm_vs_mle.json").read_text())
-    for objective in ("mle", "fm"):
-        points = result["curves"][objective]
+    assert result["objectives"] == ["mle", "fm-ot"]  # MLE first: it is the reference
+    res = result["datasets"]["target"]
+    for objective in ("mle", "fm-ot"):
+        points = res["curves"][objective]
         assert points and all(np.isfinite(p["test_nll"]) for p in points)
         seconds = [p["seconds"] for p in points]
         assert seconds == sorted(seconds)
-    assert result["summary"]["mle_best_nll"] == min(p["test_nll"] for p in result["curves"]["mle"])
+    mle = res["summary"]["mle"]
+    assert mle["best_nll"] == min(p["test_nll"] for p in res["curves"]["mle"])
+    assert mle["time_ratio_over_mle"] == 1.0
     assert (out / "fm_vs_mle.png").stat().st_size > 10_000
-    # the comparison refuses to mix with an earlier run
-    assert main(["reproduce", "fm-vs-mle", "--dataset", "target", "--out", str(out), "--runs",
-                 str(runs), "--budget-minutes-per-dataset", "0.03", "--no-progress"]) == 2
+    # a rerun reuses the finished curves instead of training again
+    (runs / "target-mle" / "last.pt").unlink()
+    assert main(args) == 0
+    assert json.loads((out / "fm_vs_mle.json").read_text()) == result
+    assert not (runs / "target-mle" / "last.pt").exists()
 
 
 def test_cli_errors(tmp_path, capsys):

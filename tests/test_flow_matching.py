@@ -91,3 +91,51 @@ def test_flow_matching_model_beats_uniform_on_gr13():
     assert nll.mean().item() + 4 * sem < gr.log_volume()  # uniform: 1.838
     # and not below the target's own entropy (the best possible NLL), up to noise
     assert nll.mean().item() > -target.log_prob(test).mean().item() - 4 * sem
+
+
+def test_ot_pairing_is_the_optimal_assignment():
+    import itertools
+
+    from grassflow.training import ot_pairing
+
+    torch.manual_seed(3)
+    gr = Grassmann(2, 4)
+    Y0, Y1 = gr.random(6), gr.random(6)
+    perm = ot_pairing(gr, Y0, Y1)
+    assert sorted(perm.tolist()) == list(range(6))
+
+    def cost(p):
+        return gr.dist(Y0[list(p)], Y1).square().sum().item()
+
+    brute = min(cost(p) for p in itertools.permutations(range(6)))
+    assert cost(perm.tolist()) == pytest.approx(brute, rel=1e-9)
+    # invariant to the representatives of the points
+    Q = random_orthogonal(2)
+    assert torch.equal(ot_pairing(gr, Y0 @ Q, Y1), perm)
+
+
+def test_ot_coupling_shortens_the_pairs_and_trains():
+    from grassflow.training import OBJECTIVES
+
+    torch.manual_seed(4)
+    gr = Grassmann(1, 3)
+    target = MatrixGaussianPrior(gr, torch.eye(3)[:, 2:], 0.04 * torch.eye(3), torch.eye(1))
+    model = GrCNF(gr, prior="uniform", train_T=False)
+    # the OT pairs' mean squared distance is below the independent pairs'
+    Y0, Y1 = model.prior().sample((64,)), target.sample((64,))
+    from grassflow.training import ot_pairing
+
+    d_ind = gr.dist(Y0, Y1).square().mean()
+    d_ot = gr.dist(Y0[ot_pairing(gr, Y0, Y1)], Y1).square().mean()
+    assert d_ot < 0.7 * d_ind
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(100):
+        loss, _ = OBJECTIVES["fm-ot"](model, target.sample((64,)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert sum(losses[-20:]) / 20 < 0.8 * sum(losses[:20]) / 20
+    with pytest.raises(ValueError, match="coupling"):
+        flow_matching_objective(model, Y1, coupling="sinkhorn")

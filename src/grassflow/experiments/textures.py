@@ -21,12 +21,11 @@ from ..manifolds import Grassmann
 from ..metrics import mmd2
 from ..nn import GrassmannField, Potential
 from ..training import (
+    OBJECTIVES,
     PAPER_TEXTURES,
     TrainConfig,
     TrainResult,
-    flow_matching_objective,
     load_checkpoint,
-    nll_objective,
     read_metrics,
     train,
 )
@@ -43,7 +42,6 @@ __all__ = [
     "trained_minutes",
 ]
 
-OBJECTIVES = {"mle": nll_objective, "fm": flow_matching_objective}
 MMD_BANDWIDTH = 0.1  # the median heuristic (~0.65) is too coarse to tell textures apart
 
 
@@ -58,8 +56,9 @@ class TexturesExperiment:
         T, train_T: end time and whether it is learned.
         divergence, method, atol, rtol: see :class:`GrCNF`.
         n_val, n_test, data_seed: the fixed held-out sets.
-        objective: ``"mle"`` (maximum likelihood through the ODE, the paper) or ``"fm"``
-            (Riemannian flow matching, simulation-free); either gives a GrCNF checkpoint.
+        objective: ``"mle"`` (maximum likelihood through the ODE, the paper), ``"fm"``
+            (Riemannian flow matching, simulation-free) or ``"fm-ot"`` (flow matching with
+            minibatch optimal-transport pairs); each gives a GrCNF checkpoint.
         train: optimizer and schedule.
     """
 
@@ -82,7 +81,9 @@ class TexturesExperiment:
         if self.dataset not in TEXTURES:
             raise ValueError(f"unknown texture {self.dataset!r}; choose from {TEXTURES}")
         if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be 'mle' or 'fm', got {self.objective!r}")
+            raise ValueError(
+                f"objective must be one of {tuple(OBJECTIVES)}, got {self.objective!r}"
+            )
         self.hidden = tuple(self.hidden)
         if isinstance(self.train, dict):
             self.train = TrainConfig.from_dict(self.train)

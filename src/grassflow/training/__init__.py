@@ -14,17 +14,20 @@ Example:
 from .batches import Sampler, SamplerBatches, TensorBatches
 from .checkpoint import CheckpointError, atomic_save, load_checkpoint
 from .config import PAPER_TEXTURES, TRAJECTORY_FIELDS, TrainConfig, resolve_device, resolve_dtype
-from .flow_matching import flow_matching_objective
+from .flow_matching import COUPLINGS, flow_matching_objective, ot_pairing
 from .loop import train
 from .metrics import read_metrics
-from .objectives import Objective, mean_nll, nll_objective
+from .objectives import OBJECTIVES, Objective, mean_nll, nll_objective
 from .result import TrainingDiverged, TrainResult
 
 __all__ = [
+    "OBJECTIVES",
     "PAPER_TEXTURES",
     "TRAJECTORY_FIELDS",
     "CheckpointError",
+    "COUPLINGS",
     "flow_matching_objective",
+    "ot_pairing",
     "Objective",
     "Sampler",
     "SamplerBatches",

@@ -4,8 +4,14 @@ A prior sample Y0 and a data point Y1 are joined by the geodesic ``Y_s`` (s in [
 field is regressed onto its velocity ``u_s`` in the quotient metric. No ODE is solved during
 training; likelihoods are evaluated afterwards with the exact-divergence ODE.
 
+The pairs are independent by default. ``coupling="ot"`` re-pairs each minibatch by an exact
+assignment that minimizes the summed squared geodesic distance (minibatch optimal transport,
+Tong et al. 2023), which shortens and straightens the regression targets.
+
 References:
     Chen, Lipman. Flow Matching on General Geometries. ICLR 2024, arXiv:2302.03660.
+    Tong et al. Improving and generalizing flow-based generative models with minibatch
+    optimal transport. TMLR 2024, arXiv:2302.00482.
 """
 
 from __future__ import annotations
@@ -15,10 +21,39 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["flow_matching_objective"]
+from ..manifolds import Grassmann
+
+__all__ = ["COUPLINGS", "flow_matching_objective", "ot_pairing"]
+
+COUPLINGS = ("independent", "ot")
 
 
-def flow_matching_objective(model: nn.Module, batch: Tensor) -> tuple[Tensor, dict[str, Any]]:
+def ot_pairing(manifold: Grassmann, Y0: Tensor, Y1: Tensor) -> Tensor:
+    """The permutation ``p`` minimizing ``sum_i dist(Y0[p[i]], Y1[i])^2`` (exact, Hungarian).
+
+    Args:
+        Y0, Y1: ``(B, D, k)`` points.
+
+    Returns:
+        ``(B,)`` long indices into ``Y0``.
+    """
+    try:
+        from scipy.optimize import linear_sum_assignment
+    except ImportError as err:  # pragma: no cover - scipy is a dependency
+        raise ImportError("coupling='ot' needs scipy: pip install scipy") from err
+    with torch.no_grad():
+        # theta = arccos(singular values of Y0^T Y1): the cost needs no principal vectors
+        cos = torch.linalg.svdvals(Y0.unsqueeze(1).mT @ Y1.unsqueeze(0))  # (B0, B1, k)
+        cost = cos.clamp(max=1.0).acos().square().sum(dim=-1)
+    rows, cols = linear_sum_assignment(cost.cpu().numpy())
+    perm = torch.empty(len(cols), dtype=torch.long)
+    perm[torch.as_tensor(cols)] = torch.as_tensor(rows)
+    return perm.to(Y0.device)
+
+
+def flow_matching_objective(
+    model: nn.Module, batch: Tensor, coupling: str = "independent"
+) -> tuple[Tensor, dict[str, Any]]:
     """Flow-matching loss ``E ||T X(sT, Y_s) - u_s||^2`` for a :class:`GrCNF`.
 
     Uses GrCNF's time convention (prior at s = 0, data at s = 1, ``dY/ds = T X(sT, Y)``), so a
@@ -29,12 +64,17 @@ def flow_matching_objective(model: nn.Module, batch: Tensor) -> tuple[Tensor, di
     Args:
         model: a GrCNF (needs ``prior()``, ``manifold``, ``field`` and ``T``).
         batch: ``(B, D, k)`` data points.
+        coupling: ``"independent"`` or ``"ot"`` (minibatch optimal transport).
 
     Returns:
         The scalar loss (mean over the batch) and stats ``{"nfe": 0}``.
     """
+    if coupling not in COUPLINGS:
+        raise ValueError(f"coupling must be one of {COUPLINGS}, got {coupling!r}")
     n = batch.shape[0]
     Y0 = model.prior().sample((n,))
+    if coupling == "ot":
+        Y0 = Y0[ot_pairing(model.manifold, Y0, batch)]
     s = torch.rand(n, dtype=batch.dtype, device=batch.device)
     Ys, us = model.manifold.geodesic(Y0, batch, s)
     T = model.T.to(batch)

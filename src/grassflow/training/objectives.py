@@ -7,13 +7,16 @@ optionally ``model.last_stats: dict`` refreshed by each ``log_prob`` call with a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Objective", "mean_nll", "model_stats", "nll_objective"]
+from .flow_matching import flow_matching_objective
+
+__all__ = ["OBJECTIVES", "Objective", "mean_nll", "model_stats", "nll_objective"]
 
 Objective = Callable[[nn.Module, Tensor], tuple[Tensor, dict[str, Any]]]
 """``objective(model, batch (B, D, k)) -> (scalar loss, stats)``; stats may hold ``"nfe"``."""
@@ -57,3 +60,11 @@ def mean_nll(model: nn.Module, Y: Tensor, batch_size: int) -> float:
     finally:
         model.train(was_training)
     return total / Y.shape[0]
+
+
+OBJECTIVES: dict[str, Objective] = {
+    "mle": nll_objective,
+    "fm": flow_matching_objective,
+    "fm-ot": functools.partial(flow_matching_objective, coupling="ot"),
+}
+"""Objectives by name: maximum likelihood, flow matching, flow matching with OT pairs."""
