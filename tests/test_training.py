@@ -115,6 +115,7 @@ def test_config_json_round_trip():
         {"batch_size": 2.5}, {"iterations": True}, {"betas": (1.0, 0.9)}, {"betas": (0.9,)},
         {"weight_decay": -1.0}, {"lr_step": 0}, {"lr_gamma": 0.0}, {"grad_clip": 0.0},
         {"seed": -1}, {"log_every": 0}, {"val_every": 0}, {"budget_minutes": 0.0},
+        {"val_every_minutes": -1.0},
         {"dtype": "float16"}, {"device": "gpu"},
     ],
 )  # fmt: skip
@@ -146,6 +147,17 @@ def test_loss_decreases_and_best_val_is_kept(tmp_path):
     assert result.best_val == min(vals.values()) == best["val_nll"]
     assert vals[best["iteration"]] == best["val_nll"] == result.best_val
     assert json.loads((tmp_path / "config.json").read_text())["device"] == DEVICE
+
+
+def test_time_based_validation(tmp_path):
+    cfg = config(iterations=12, val_every_minutes=1e-9)  # due after every iteration
+    train(Watson(), dataset(50), cfg, tmp_path / "a", val_data=dataset(20, 1), progress=False)
+    records = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    assert all("val_nll" in r for r in records)
+    cfg = config(iterations=12, val_every_minutes=60.0)  # never due: only the final one
+    train(Watson(), dataset(50), cfg, tmp_path / "b", val_data=dataset(20, 1), progress=False)
+    records = read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [r["iteration"] for r in records if "val_nll" in r] == [12]
 
 
 @pytest.mark.parametrize("source", ["tensor", "sampler"])

@@ -10,6 +10,16 @@ from pathlib import Path
 __all__ = ["main"]
 
 
+PARTICLE_SYSTEMS = ("dw4", "lj13")
+OBJECTIVE_NAMES = ("mle", "fm", "fm-ot")
+
+
+def _add_particle_data_options(g) -> None:
+    g.add_argument("--source", default="generated", choices=("generated", "klein", "enf"),
+                   help="file layout: `grassflow data make` output, Klein et al. or E-NF")
+    g.add_argument("--data-dir", default="data", help="directory holding the source's files")
+
+
 def _add_train_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("overrides of the preset (paper values by default)")
     g.add_argument("--budget-minutes", type=float, help="wall-clock budget of this invocation")
@@ -21,7 +31,7 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=("float32", "float64"))
     g.add_argument("--device", help="cpu, cuda, cuda:1 or auto")
     g.add_argument(
-        "--objective", choices=("mle", "fm", "fm-ot"),
+        "--objective", choices=OBJECTIVE_NAMES,
         help="maximum likelihood, flow matching, or flow matching with minibatch OT pairs",
     )
     g.add_argument("--divergence", choices=("exact", "hutchinson"))
@@ -30,6 +40,9 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rtol", type=float)
     g.add_argument("--sigma", type=float, help="prior scale (U = sigma^2 I)")
     g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+MODEL_FIELDS = ("objective", "divergence", "method", "atol", "rtol", "sigma")
 
 
 def _apply_overrides(exp, args):
@@ -43,15 +56,8 @@ def _apply_overrides(exp, args):
         "dtype": args.dtype,
         "device": args.device,
     }
-    model_fields = {
-        "objective": args.objective,
-        "divergence": args.divergence,
-        "method": args.method,
-        "atol": args.atol,
-        "rtol": args.rtol,
-        "sigma": args.sigma,
-    }
-    exp = dataclasses.replace(exp, **{k: v for k, v in model_fields.items() if v is not None})
+    changes = {k: getattr(args, k) for k in MODEL_FIELDS if getattr(args, k) is not None}
+    exp = dataclasses.replace(exp, **changes)
     exp.train = exp.train.replace(**{k: v for k, v in train_fields.items() if v is not None})
     return exp
 
@@ -90,19 +96,50 @@ def cmd_demo(args) -> None:
     print("pictures:", ", ".join(str(p) for p in paths))
 
 
+def _particle_experiment(args):
+    from .experiments import particles as px
+
+    exp = px.ParticleExperiment(
+        system=args.dataset, protocol=args.protocol, n_train=args.n_train, source=args.source,
+        data_dir=args.data_dir, objective=args.objective or "mle", prior=args.prior,
+    )
+    return _apply_overrides(exp, args)
+
+
 def cmd_train(args) -> None:
+    from .experiments import particles as px
     from .experiments import textures as tx
 
-    exp = _apply_overrides(tx.TexturesExperiment(dataset=args.dataset), args)
-    result = tx.run(exp, args.run_dir, resume=args.resume, progress=not args.no_progress)
+    if args.dataset in px.SIZES:
+        exp, module = _particle_experiment(args), px
+    else:
+        exp, module = _apply_overrides(tx.TexturesExperiment(dataset=args.dataset), args), tx
+    result = module.run(exp, args.run_dir, resume=args.resume, progress=not args.no_progress)
     print(result.message or f"stopped: {result.stopped} after {result.iterations} iterations")
 
 
-def cmd_eval(args) -> None:
+def _run_kind(run_dir: str):
+    """The experiment module that wrote ``run_dir`` (textures or particles)."""
+    import json
+
+    from .experiments import particles as px
     from .experiments import textures as tx
 
-    result = tx.evaluate(args.run_dir, n_samples=args.n_samples, seed=args.seed)
-    _print_eval(result)
+    path = Path(run_dir) / "experiment.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a grassflow run directory?")
+    return px if "system" in json.loads(path.read_text()) else tx
+
+
+def cmd_eval(args) -> None:
+    module = _run_kind(args.run_dir)
+    if module.__name__.endswith("particles"):
+        r = module.evaluate(args.run_dir)
+        print(f"[{r['system']}, {r['protocol']}, {r['manifold']}] test NLL {r['test_nll']:.3f} "
+              f"± {r['test_nll_sem']:.3f} nats | prior {r['prior_nll']:.3f} | uniform "
+              f"{r['uniform_nll']:.3f}")
+    else:
+        _print_eval(module.evaluate(args.run_dir, n_samples=args.n_samples, seed=args.seed))
     print(f"wrote {Path(args.run_dir) / 'eval.json'}")
 
 
@@ -110,9 +147,7 @@ def cmd_sample(args) -> None:
     import numpy as np
     import torch
 
-    from .experiments import textures as tx
-
-    _, model = tx.load_run(args.run_dir)
+    _, model = _run_kind(args.run_dir).load_run(args.run_dir)
     with torch.no_grad():
         Y, logp = model.sample_with_log_prob(args.n, torch.Generator().manual_seed(args.seed))
     out = Path(args.out)
@@ -131,21 +166,9 @@ def cmd_plot(args) -> None:
         raise SystemExit("grassflow plot: give a RUN_DIR and/or --prior OUT.png")
 
 
-def cmd_reproduce(args) -> None:
+def cmd_reproduce_textures(args) -> None:
     from .experiments import textures as tx
     from .experiments import textures_figures as fig
-
-    if args.experiment == "fm-vs-mle":
-        from .experiments import fm_vs_mle
-
-        out = "results/fm_vs_mle" if args.out == "results/textures" else args.out
-        runs = "runs/fm_vs_mle" if args.runs == "runs/textures" else args.runs
-        result = fm_vs_mle.compare(
-            out, runs, tuple(args.datasets), args.budget_minutes_per_dataset,
-            objectives=tuple(args.objectives), progress=not args.no_progress,
-        )
-        print(fm_vs_mle.markdown_table(result))
-        return
 
     base = _apply_overrides(
         tx.TexturesExperiment(
@@ -166,6 +189,54 @@ def cmd_reproduce(args) -> None:
     print((Path(args.out) / "textures.md").read_text())
 
 
+def cmd_reproduce_fm_vs_mle(args) -> None:
+    from .experiments import fm_vs_mle
+
+    result = fm_vs_mle.compare(
+        args.out, args.runs, tuple(args.datasets), args.budget_minutes_per_dataset,
+        objectives=tuple(args.objectives), progress=not args.no_progress,
+    )
+    print(fm_vs_mle.markdown_table(result))
+
+
+def cmd_reproduce_table1(args) -> None:
+    from .experiments import table1
+
+    sizes = None if args.sizes is None else {s: tuple(args.sizes) for s in args.system}
+    result = table1.reproduce(
+        args.out, args.runs, systems=tuple(args.system), protocols=tuple(args.protocol),
+        sizes=sizes, seeds=tuple(args.seeds), budget_minutes=args.budget,
+        objective=args.objective, prior=args.prior, source=args.source, data_dir=args.data_dir,
+        progress=not args.no_progress,
+    )
+    print(table1.markdown_table(result))
+
+
+def cmd_data_make(args) -> None:
+    from .data import mcmc
+    from .data.particle_files import SOURCE_FILES
+
+    n = args.n or DATA_SIZES[args.system]
+    path = Path(args.out) / SOURCE_FILES["generated", args.system][0]
+    if path.exists() and not args.overwrite:
+        raise FileExistsError(f"{path} exists; pass --overwrite to replace it")
+    X, stats = mcmc.make_dataset(args.system, n, seed=args.seed, progress=not args.no_progress)
+    mcmc.save_dataset(X, path, overwrite=args.overwrite)
+    print(f"wrote {path}: {X.shape[0]:,} {args.system.upper()} configurations "
+          f"(MCMC acceptance {stats['acceptance']:.2f})")
+
+
+def cmd_data_compare(args) -> None:
+    from .experiments import sampler_check
+
+    result = sampler_check.compare(args.data_dir, args.reference, args.out, systems=args.system)
+    print(sampler_check.markdown_table(result))
+
+
+# file sizes that `data make` writes by default: the largest paper training set + 2,000 held out
+DATA_SIZES = {"dw4": 102_000, "lj13": 12_000}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .data.textures import TEXTURES
 
@@ -180,10 +251,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_options(p)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("train", help="train a GrCNF on a texture dataset (resumable)")
-    p.add_argument("--dataset", default="2spirals", choices=TEXTURES)
+    p = sub.add_parser("train", help="train a GrCNF on a texture or DW4/LJ13 (resumable)")
+    p.add_argument("--dataset", default="2spirals", choices=TEXTURES + PARTICLE_SYSTEMS)
     p.add_argument("--run-dir", required=True)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/last.pt")
+    g = p.add_argument_group("DW4 / LJ13 data")
+    _add_particle_data_options(g)
+    g.add_argument("--protocol", default="com-free", choices=("com-free", "paper"))
+    g.add_argument("--n-train", type=int, default=1000, help="training configurations")
+    g.add_argument("--prior", default="gaussian", choices=("gaussian", "uniform"),
+                   help="base distribution (paper: gaussian, sigma 0.3)")
     _add_train_options(p)
     p.set_defaults(func=cmd_train)
 
@@ -206,21 +283,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sigma2", type=float, default=0.5, help="prior variance for --prior")
     p.set_defaults(func=cmd_plot)
 
-    p = sub.add_parser("reproduce", help="regenerate a paper experiment")
-    p.add_argument("experiment", choices=("textures", "fm-vs-mle"))
-    p.add_argument(
-        "--objectives", nargs="+", default=["mle", "fm"], choices=("mle", "fm", "fm-ot"),
-        help="for fm-vs-mle: objectives to compare (MLE is always the reference)",
+    rep = sub.add_parser("reproduce", help="regenerate a paper experiment").add_subparsers(
+        dest="experiment", required=True
     )
+    p = rep.add_parser("textures", help="paper §5.1: five textures, Figures 3-4, NLL table")
     p.add_argument("--out", default="results/textures", help="figures and tables")
     p.add_argument("--runs", default="runs/textures", help="run directories (checkpoints)")
-    p.add_argument(
-        "--budget-minutes-per-dataset", type=float, default=10.0,
-        help="training minutes per dataset (textures) or per objective and dataset (fm-vs-mle)",
-    )
+    p.add_argument("--budget-minutes-per-dataset", type=float, default=10.0)
     p.add_argument("--datasets", nargs="+", default=list(TEXTURES), choices=TEXTURES)
     _add_train_options(p)
-    p.set_defaults(func=cmd_reproduce)
+    p.set_defaults(func=cmd_reproduce_textures)
+
+    p = rep.add_parser("fm-vs-mle", help="test NLL against wall-clock, MLE vs flow matching")
+    p.add_argument("--out", default="results/fm_vs_mle")
+    p.add_argument("--runs", default="runs/fm_vs_mle")
+    p.add_argument("--budget-minutes-per-dataset", type=float, default=10.0,
+                   help="training minutes per objective and dataset")
+    p.add_argument("--datasets", nargs="+", default=list(TEXTURES), choices=TEXTURES)
+    p.add_argument("--objectives", nargs="+", default=["mle", "fm"], choices=OBJECTIVE_NAMES,
+                   help="objectives to compare (MLE is always the reference)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_reproduce_fm_vs_mle)
+
+    p = rep.add_parser("table1", help="paper §5.2: DW4/LJ13 test NLL vs training size")
+    p.add_argument("--system", nargs="+", default=list(PARTICLE_SYSTEMS), choices=PARTICLE_SYSTEMS)
+    p.add_argument("--protocol", nargs="+", default=["com-free", "paper"],
+                   choices=("com-free", "paper"))
+    p.add_argument("--sizes", nargs="+", type=int, help="training sizes (default: the paper's)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--budget", type=float, default=1.0, help="training minutes per run")
+    p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
+    p.add_argument("--prior", default="uniform", choices=("gaussian", "uniform"),
+                   help="base distribution (the paper's is gaussian; see the README)")
+    _add_particle_data_options(p)
+    p.add_argument("--out", default="results/table1")
+    p.add_argument("--runs", default="runs/table1")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_reproduce_table1)
+
+    data = sub.add_parser("data", help="make or check DW4/LJ13 datasets").add_subparsers(
+        dest="data_command", required=True
+    )
+    p = data.add_parser("make", help="sample DW4 or LJ13 by MCMC into OUT/<system>.npy")
+    p.add_argument("system", choices=PARTICLE_SYSTEMS)
+    p.add_argument("--n", type=int, help=f"configurations (default {DATA_SIZES})")
+    p.add_argument("--out", default="data", help="directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_data_make)
+
+    p = data.add_parser("compare", help="energy and pair-distance histograms vs reference data")
+    p.add_argument("--system", nargs="+", default=list(PARTICLE_SYSTEMS), choices=PARTICLE_SYSTEMS)
+    p.add_argument("--data-dir", default="data", help="where `data make` wrote the files")
+    p.add_argument("--reference", help="Klein-layout directory (default: the shared copies)")
+    p.add_argument("--out", default="results/data")
+    p.set_defaults(func=cmd_data_compare)
     return parser
 
 

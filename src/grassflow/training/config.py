@@ -52,6 +52,9 @@ class TrainConfig:
         seed: seeds the data order/stream, the model's noise (e.g. Hutchinson) and validation.
         log_every: write a metrics line every this many iterations.
         val_every: evaluate the validation NLL every this many iterations; None = only at the end.
+        val_every_minutes: also evaluate it whenever this much wall-clock time has passed since
+            the last evaluation (suits budgeted runs whose pace is unknown); None = off. Which
+            iterations get validated then depends on the machine, so ``best.pt`` can too.
         checkpoint_every: write ``last.pt`` every this many iterations.
         budget_minutes: wall-clock budget of one invocation; None = unlimited.
         device: ``"auto"`` (cuda if available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
@@ -69,6 +72,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 10
     val_every: int | None = 500
+    val_every_minutes: float | None = None
     checkpoint_every: int = 500
     budget_minutes: float | None = None
     device: str = "auto"
@@ -103,10 +107,10 @@ class TrainConfig:
             raise ValueError(f"grad_clip must be a positive number or None, got {self.grad_clip!r}")
         if not (_is_int(self.seed) and self.seed >= 0):
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if self.budget_minutes is not None and not (
-            _is_real(self.budget_minutes) and self.budget_minutes > 0
-        ):
-            raise ValueError(f"budget_minutes must be > 0 or None, got {self.budget_minutes!r}")
+        for name in ("budget_minutes", "val_every_minutes"):
+            value = getattr(self, name)
+            if value is not None and not (_is_real(value) and value > 0):
+                raise ValueError(f"{name} must be > 0 or None, got {value!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.device, str):

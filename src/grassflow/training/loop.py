@@ -101,6 +101,8 @@ def train(
     metrics = MetricsLog(run_dir / "metrics.jsonl", keep_until=state.iteration)
     start_iteration, t0 = state.iteration, _now()
     budget_s = None if config.budget_minutes is None else 60.0 * config.budget_minutes
+    val_period_s = None if config.val_every_minutes is None else 60.0 * config.val_every_minutes
+    last_val_s = state.elapsed
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
     def elapsed() -> float:
@@ -138,6 +140,8 @@ def train(
         save_last(last_path, state, elapsed(), config, model, optimizer, scheduler, stream)
 
     def validate(done: int) -> float:
+        nonlocal last_val_s
+        last_val_s = elapsed()
         with isolated_rng(derive_seed(config.seed, "validation"), device):
             val_nll = mean_nll(model, val_data, config.batch_size)
         if math.isfinite(val_nll) and (state.best_val is None or val_nll < state.best_val):
@@ -185,7 +189,9 @@ def train(
             final = last or out_of_budget  # always log and validate the final iteration
             log_due = done % config.log_every == 0 or final
             val_due = val_data is not None and (
-                final or (config.val_every is not None and done % config.val_every == 0)
+                final
+                or (config.val_every is not None and done % config.val_every == 0)
+                or (val_period_s is not None and elapsed() - last_val_s >= val_period_s)
             )
             if log_due or val_due:
                 record = make_record(done, loss_value, stats, lr, grad_norm, elapsed())

@@ -1,0 +1,110 @@
+"""DW4/LJ13 experiment presets, the Table 1 sweep and its CLI, on small synthetic files."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from grassflow.cli import main
+from grassflow.experiments import particles as px
+from grassflow.experiments import table1
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def fake_data(path, system="dw4", n=2100, seed=0):
+    """A `data make`-layout file of random (not Boltzmann) configurations."""
+    width = {"dw4": 8, "lj13": 39}[system]
+    path.mkdir(parents=True, exist_ok=True)
+    rows = 2.0 * np.random.default_rng(seed).standard_normal((n, width))
+    np.save(path / f"{system}.npy", rows.astype(np.float32))
+    return path
+
+
+def test_paper_presets():
+    cfg = px.paper_train_config("dw4", 1000)
+    assert (cfg.lr, cfg.weight_decay, cfg.batch_size, cfg.iterations) == (1e-4, 1e-12, 100, 3000)
+    cfg = px.paper_train_config("lj13", 10)  # 500 epochs of one batch of 10
+    assert (cfg.batch_size, cfg.iterations) == (10, 500)
+    assert px.paper_train_config("dw4", 100_000).iterations == 6 * 1000
+    assert px.paper_train_config("dw4", 1000, "fm").iterations == 10**7  # stopped by budget
+    shapes = {(s, p): px.ParticleExperiment(system=s, protocol=p).shape
+              for s in ("dw4", "lj13") for p in ("com-free", "paper")}  # fmt: skip
+    assert shapes == {("dw4", "com-free"): (3, 2), ("dw4", "paper"): (4, 2),
+                      ("lj13", "com-free"): (12, 3), ("lj13", "paper"): (13, 3)}  # fmt: skip
+    # the issue's sanity rows: log V_Gr
+    volumes = {s: px.build_model(px.ParticleExperiment(system=s[0], protocol=s[1]))
+               .manifold.log_volume() for s in shapes}  # fmt: skip
+    expected = {("dw4", "paper"): 2.983, ("dw4", "com-free"): 1.838,
+                ("lj13", "paper"): 3.215, ("lj13", "com-free"): 3.982}  # fmt: skip
+    for key, value in expected.items():
+        assert volumes[key] == pytest.approx(value, abs=5e-4)
+    with pytest.raises(ValueError, match="protocol"):
+        px.ParticleExperiment(protocol="centred")
+    with pytest.raises(ValueError, match="system|dw5"):
+        px.ParticleExperiment(system="dw5")
+
+
+def test_reproduce_table1_end_to_end_and_resume(tmp_path):
+    data = fake_data(tmp_path / "data")
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    args = ["reproduce", "table1", "--system", "dw4", "--sizes", "20", "--seeds", "0", "1",
+            "--budget", "0.01", "--data-dir", str(data), "--out", str(out), "--runs", str(runs),
+            "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    result = json.loads((out / "table1.json").read_text())
+    assert len(result["runs"]) == 4  # 2 protocols x 1 size x 2 seeds
+    for r in result["runs"]:
+        assert math.isfinite(r["test_nll"]) and r["n_test"] == 1000
+        assert (r["protocol"] == "paper") == (r["manifold"] == "Gr(2,4)")
+    md = (out / "table1.md").read_text()
+    assert "-12.53 ± 0.92" not in md  # no paper column for a size the paper did not run
+    assert "GrCNF here, com-free, Gr(2,3)" in md and "1.838" in md
+    assert (out / "table1_val.png").stat().st_size > 10_000
+    # a rerun reuses finished runs: no training, same numbers
+    run0 = runs / "dw4-com-free-fm-uniform-n20-s0"
+    (run0 / "last.pt").unlink()
+    assert main(args) == 0
+    assert json.loads((out / "table1.json").read_text()) == result
+    assert not (run0 / "last.pt").exists()
+    # a larger budget resumes an unfinished run where it stopped
+    (run0 / "eval.json").unlink()
+    run1 = runs / "dw4-com-free-fm-uniform-n20-s1"
+    before = json.loads((run1 / "metrics.jsonl").read_text().splitlines()[-1])["iteration"]
+    (run1 / "eval.json").unlink()
+    assert main([*args[:-1], "--budget", "0.02", "--protocol", "com-free", "--no-progress"]) == 0
+    after = json.loads((run1 / "metrics.jsonl").read_text().splitlines()[-1])["iteration"]
+    assert after > before
+
+
+def test_table1_markdown_has_paper_columns():
+    runs = [{"system": "lj13", "protocol": "com-free", "n_train": n, "manifold": "Gr(3,12)",
+             "test_nll": v, "uniform_nll": 3.982} for n, v in ((10, 1.0), (10, 3.0), (100, 2.0))]
+    md = table1.markdown_table({"objective": "fm", "prior": "uniform", "budget_minutes": 1,
+                                "source": "generated", "runs": runs})  # fmt: skip
+    assert "-23.64 ± 2.23" in md and "-12.86 ± 3.67" in md and "-15.75 ± 5.02" in md
+    assert "2.00 ± 1.41" in md  # mean ± sample std over the seeds
+    assert "| 2.00 |" in md  # a single seed has no std
+
+
+def test_train_and_eval_on_particles(tmp_path, capsys):
+    data = fake_data(tmp_path / "data", "lj13", n=2050)
+    run = tmp_path / "run"
+    assert main(["train", "--dataset", "lj13", "--n-train", "30", "--data-dir", str(data),
+                 "--objective", "fm", "--prior", "uniform", "--iterations", "5",
+                 "--run-dir", str(run), "--no-progress"]) == 0  # fmt: skip
+    exp = json.loads((run / "experiment.json").read_text())
+    assert (exp["system"], exp["protocol"], exp["objective"]) == ("lj13", "com-free", "fm")
+    assert main(["eval", str(run)]) == 0
+    assert "Gr(3,12)" in capsys.readouterr().out
+    assert main(["sample", str(run), "--n", "4", "--out", str(tmp_path / "s.npz")]) == 0
+    assert np.load(tmp_path / "s.npz")["Y"].shape == (4, 12, 3)
+
+
+def test_missing_data_is_a_clear_error(tmp_path, capsys):
+    rc = main(["reproduce", "table1", "--system", "lj13", "--data-dir", str(tmp_path),
+               "--no-progress"])  # fmt: skip
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "lj13.npy" in err and "grassflow data make lj13" in err
