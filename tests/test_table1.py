@@ -108,3 +108,22 @@ def test_missing_data_is_a_clear_error(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "lj13.npy" in err and "grassflow data make lj13" in err
+
+
+def test_data_make_and_compare(tmp_path, capsys):
+    args = ["data", "make", "dw4", "--n", "300", "--chains", "30", "--burn-in", "200",
+            "--thin", "20", "--out", str(tmp_path / "data"), "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    rows = np.load(tmp_path / "data" / "dw4.npy")
+    assert rows.shape == (300, 8) and rows.dtype == np.float32 and np.isfinite(rows).all()
+    assert main(args) == 2  # refuses to overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    # compare against a "reference" that is a copy of our own file: KS and JSD near zero
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    np.save(ref / "test_split_DW4.npy", rows)
+    assert main(["data", "compare", "--system", "dw4", "--data-dir", str(tmp_path / "data"),
+                 "--reference", str(ref), "--out", str(tmp_path / "out")]) == 0  # fmt: skip
+    result = json.loads((tmp_path / "out" / "sampler_check.json").read_text())
+    assert result["dw4"]["energy"]["ks"] == 0.0 and result["dw4"]["pair_distance"]["jsd"] < 1e-9
+    assert (tmp_path / "out" / "sampler_check.png").stat().st_size > 10_000

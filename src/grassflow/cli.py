@@ -220,7 +220,10 @@ def cmd_data_make(args) -> None:
     path = Path(args.out) / SOURCE_FILES["generated", args.system][0]
     if path.exists() and not args.overwrite:
         raise FileExistsError(f"{path} exists; pass --overwrite to replace it")
-    X, stats = mcmc.make_dataset(args.system, n, seed=args.seed, progress=not args.no_progress)
+    X, stats = mcmc.make_dataset(
+        args.system, n, seed=args.seed, n_chains=args.chains, burn_in=args.burn_in,
+        thin=args.thin, progress=not args.no_progress,
+    )
     mcmc.save_dataset(X, path, overwrite=args.overwrite)
     print(f"wrote {path}: {X.shape[0]:,} {args.system.upper()} configurations "
           f"(MCMC acceptance {stats['acceptance']:.2f})")
@@ -329,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, help=f"configurations (default {DATA_SIZES})")
     p.add_argument("--out", default="data", help="directory")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chains", type=int, help="parallel MCMC chains (default per system)")
+    p.add_argument("--burn-in", type=int, help="MALA steps before the first kept state")
+    p.add_argument("--thin", type=int, help="MALA steps between kept states")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_data_make)
