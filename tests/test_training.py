@@ -115,7 +115,7 @@ def test_config_json_round_trip():
         {"batch_size": 2.5}, {"iterations": True}, {"betas": (1.0, 0.9)}, {"betas": (0.9,)},
         {"weight_decay": -1.0}, {"lr_step": 0}, {"lr_gamma": 0.0}, {"grad_clip": 0.0},
         {"seed": -1}, {"log_every": 0}, {"val_every": 0}, {"budget_minutes": 0.0},
-        {"val_every_minutes": -1.0},
+        {"val_every_minutes": -1.0}, {"val_doubling_from": 0},
         {"dtype": "float16"}, {"device": "gpu"},
     ],
 )  # fmt: skip
@@ -158,6 +158,10 @@ def test_time_based_validation(tmp_path):
     train(Watson(), dataset(50), cfg, tmp_path / "b", val_data=dataset(20, 1), progress=False)
     records = read_metrics(tmp_path / "b" / "metrics.jsonl")
     assert [r["iteration"] for r in records if "val_nll" in r] == [12]
+    cfg = config(iterations=30, val_doubling_from=3)
+    train(Watson(), dataset(50), cfg, tmp_path / "c", val_data=dataset(20, 1), progress=False)
+    records = read_metrics(tmp_path / "c" / "metrics.jsonl")
+    assert [r["iteration"] for r in records if "val_nll" in r] == [3, 6, 12, 24, 30]
 
 
 @pytest.mark.parametrize("source", ["tensor", "sampler"])

@@ -52,6 +52,9 @@ class TrainConfig:
         seed: seeds the data order/stream, the model's noise (e.g. Hutchinson) and validation.
         log_every: write a metrics line every this many iterations.
         val_every: evaluate the validation NLL every this many iterations; None = only at the end.
+        val_doubling_from: also evaluate it at iterations n, 2n, 4n, 8n, ... for this n; catches
+            an early optimum (e.g. before a small dataset is overfitted) at little cost. None =
+            off.
         val_every_minutes: also evaluate it whenever this much wall-clock time has passed since
             the last evaluation (suits budgeted runs whose pace is unknown); None = off. Which
             iterations get validated then depends on the machine, so ``best.pt`` can too.
@@ -72,6 +75,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 10
     val_every: int | None = 500
+    val_doubling_from: int | None = None
     val_every_minutes: float | None = None
     checkpoint_every: int = 500
     budget_minutes: float | None = None
@@ -97,7 +101,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not (_is_int(value) and value >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("lr_step", "val_every"):
+        for name in ("lr_step", "val_every", "val_doubling_from"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and value >= 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")

@@ -192,6 +192,7 @@ def train(
                 final
                 or (config.val_every is not None and done % config.val_every == 0)
                 or (val_period_s is not None and elapsed() - last_val_s >= val_period_s)
+                or _is_doubling(done, config.val_doubling_from)
             )
             if log_due or val_due:
                 record = make_record(done, loss_value, stats, lr, grad_norm, elapsed())
@@ -221,6 +222,14 @@ def train(
         tqdm.write(message)
     logger.info(message)
     return result(stopped, message)
+
+
+def _is_doubling(iteration: int, start: int | None) -> bool:
+    """Whether ``iteration`` is ``start * 2^j`` for some j >= 0."""
+    if start is None or iteration % start:
+        return False
+    q = iteration // start
+    return q & (q - 1) == 0
 
 
 def _postfix(loss: float, stats: dict, lr: float, best_val: float | None) -> dict[str, str]:
