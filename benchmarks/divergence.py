@@ -34,21 +34,21 @@ def main() -> None:
         field = GrassmannField(Potential(D, k, (64, 64)))
         Y = Grassmann(k, D).random(B)
 
-        def generic(backward: bool):
+        def generic(backward: bool, Y=Y, field=field):
             Yg = Y.clone().requires_grad_(True)
             X, div = divergence_exact(lambda Z: field(t, Z), Yg)
             if backward:
                 (X.sum() + div.sum()).backward()
 
-        def fast(backward: bool):
+        def fast(backward: bool, Y=Y, field=field):
             Yg = Y.clone().requires_grad_(True)
             X, div = field.field_and_divergence(t, Yg)
             if backward:
                 (X.sum() + div.sum()).backward()
 
         for backward in (False, True):
-            a = median_ms(lambda: generic(backward))
-            b = median_ms(lambda: fast(backward))
+            a = median_ms(lambda b=backward: generic(b))
+            b = median_ms(lambda b=backward: fast(b))
             name = "fwd+bwd" if backward else "fwd"
             print(f"Gr({k},{D}){'':6} {B:5d}  {name:8}  {a:15.2f}  {b:21.2f}  {a / b:5.1f}x")
 
