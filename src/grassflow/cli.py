@@ -1,4 +1,4 @@
-"""Command line: ``grassflow {demo,train,eval,sample,plot,reproduce}``."""
+"""Command line: ``grassflow {demo,train,eval,sample,plot,reproduce,data}``."""
 
 from __future__ import annotations
 
