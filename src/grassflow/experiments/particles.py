@@ -17,7 +17,6 @@ A run directory holds ``experiment.json``, the trainer's files and ``eval.json``
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from ..manifolds import Grassmann
 from ..nn import PRESETS, GrassmannField, Potential
 from ..training import OBJECTIVES, TrainConfig, TrainResult, load_checkpoint, train
 from ..training.checkpoint import write_json
+from .runs import load_trained
 
 __all__ = [
     "PAPER_SCHEDULE",
@@ -210,17 +210,7 @@ def run(
 
 def load_run(run_dir: str | Path, which: str = "best") -> tuple[ParticleExperiment, GrCNF]:
     """The preset and the trained model (``best.pt``, else ``last.pt``), in eval mode."""
-    run_dir = Path(run_dir)
-    exp_path = run_dir / "experiment.json"
-    if not exp_path.exists():
-        raise FileNotFoundError(f"{exp_path} not found: is {run_dir} a DW4/LJ13 run directory?")
-    exp = ParticleExperiment.from_dict(json.loads(exp_path.read_text()))
-    path = run_dir / f"{which}.pt"
-    if not path.exists() and which == "best":
-        path = run_dir / "last.pt"
-    model = build_model(exp).to(getattr(torch, exp.train.dtype))
-    model.load_state_dict(load_checkpoint(path, required=("model",))["model"])
-    return exp, model.eval()
+    return load_trained(run_dir, ParticleExperiment.from_dict, build_model, "DW4/LJ13", which)
 
 
 def evaluate(run_dir: str | Path, data: dict | None = None, batch_size: int = 250) -> dict:

@@ -18,7 +18,7 @@ from ..data.particle_files import missing_files
 from ..training import read_metrics
 from ..training.checkpoint import write_json
 from . import particles as px
-from .textures import trained_minutes
+from .runs import trained_minutes
 
 __all__ = ["PAPER_NLL", "markdown_table", "reproduce"]
 

@@ -9,7 +9,6 @@ A run directory holds ``experiment.json`` (this preset), the trainer's files
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,11 +24,10 @@ from ..training import (
     PAPER_TEXTURES,
     TrainConfig,
     TrainResult,
-    load_checkpoint,
-    read_metrics,
     train,
 )
 from ..training.checkpoint import write_json
+from .runs import load_trained
 
 __all__ = [
     "DEMO",
@@ -39,7 +37,6 @@ __all__ = [
     "evaluate",
     "load_run",
     "run",
-    "trained_minutes",
 ]
 
 MMD_BANDWIDTH = 0.1  # the median heuristic (~0.65) is too coarse to tell textures apart
@@ -160,17 +157,7 @@ def run(
 
 def load_run(run_dir: str | Path, which: str = "best") -> tuple[TexturesExperiment, GrCNF]:
     """The preset and the trained model (``which``: ``"best"`` or ``"last"``), in eval mode."""
-    run_dir = Path(run_dir)
-    exp_path = run_dir / "experiment.json"
-    if not exp_path.exists():
-        raise FileNotFoundError(f"{exp_path} not found: is {run_dir} a texture run directory?")
-    exp = TexturesExperiment.from_dict(json.loads(exp_path.read_text()))
-    path = run_dir / f"{which}.pt"
-    if not path.exists() and which == "best":
-        path = run_dir / "last.pt"
-    model = build_model(exp).to(getattr(torch, exp.train.dtype))
-    model.load_state_dict(load_checkpoint(path, required=("model",))["model"])
-    return exp, model.eval()
+    return load_trained(run_dir, TexturesExperiment.from_dict, build_model, "texture", which)
 
 
 def evaluate(run_dir: str | Path, n_samples: int = 1000, seed: int = 0) -> dict:
@@ -214,10 +201,3 @@ def _antipodal_gap(model: GrCNF, n: int, seed: int) -> float:
     with torch.no_grad():
         gap = model.manifold.dist(model.transport_forward(Y0), model.transport_forward(-Y0))
     return gap.max().item()
-
-
-def trained_minutes(run_dir: str | Path) -> float:
-    """Wall-clock training time so far, summed over invocations (0 for a new run)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    records = read_metrics(path) if path.exists() else []
-    return records[-1]["elapsed"] / 60 if records else 0.0

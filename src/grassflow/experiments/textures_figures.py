@@ -14,7 +14,8 @@ from ..manifolds import Grassmann
 from ..training import PAPER_TEXTURES, read_metrics
 from ..training.checkpoint import write_json
 from ..viz import SphereColumn, figure_antipodal, figure_prior_views, figure_textures
-from .textures import MMD_BANDWIDTH, TexturesExperiment, evaluate, load_run, run, trained_minutes
+from .runs import trained_minutes
+from .textures import MMD_BANDWIDTH, TexturesExperiment, evaluate, load_run, run
 
 __all__ = ["markdown_table", "plot_prior", "plot_run", "reproduce"]
 
