@@ -21,7 +21,6 @@ A run directory holds ``experiment.json``, ``flow/`` and ``scale/`` (trainer fil
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from ..nn import PRESETS, GrassmannField, Potential
 from ..nn.eigenvalues import EigenvalueDensity
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
 from ..training.checkpoint import write_json
-from .textures import trained_minutes
+from .runs import checkpoint_path, read_preset, trained_minutes
 
 __all__ = ["PAPER", "QM9Experiment", "ScaleModel", "evaluate", "load_run", "run"]
 
@@ -159,15 +158,11 @@ def run(exp: QM9Experiment, run_dir: str | Path, *, progress: bool = True) -> No
 def load_run(run_dir: str | Path) -> tuple[QM9Experiment, GrCNF, ScaleModel]:
     """The preset and both trained models (best validation checkpoints), in eval mode."""
     run_dir = Path(run_dir)
-    path = run_dir / "experiment.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: is {run_dir} a QM9 run directory?")
-    exp = QM9Experiment(**json.loads(path.read_text()))
+    exp = read_preset(run_dir, lambda d: QM9Experiment(**d), "QM9")
     flow, scale = _models(exp, torch.load(run_dir / "init_mean.pt"))
     for model, sub in ((flow, "flow"), (scale, "scale")):
-        ckpt = run_dir / sub / "best.pt"
-        ckpt = ckpt if ckpt.exists() else run_dir / sub / "last.pt"
-        model.double().load_state_dict(load_checkpoint(ckpt, required=("model",))["model"])
+        ckpt = load_checkpoint(checkpoint_path(run_dir / sub), required=("model",))
+        model.double().load_state_dict(ckpt["model"])
     return exp, flow.eval(), scale.eval()
 
 
@@ -196,12 +191,19 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) 
     P["test"] = P["test"][: exp.n_test]
     with torch.no_grad():
         parts = {"log_p": [], "log_p_gr": [], "log_p_lam": [], "log_jac": []}
-        for chunk in P["test"].split(batch_size):
-            Y, lam, _ = shape_factor(chunk)
-            parts["log_p"].append(cartesian_log_prob(chunk, flow.log_prob, scale.density))
+
+        # record the terms as cartesian_log_prob computes them: the flow's ODE runs once
+        def log_p_gr(Y):
             parts["log_p_gr"].append(flow.log_prob(Y))
-            parts["log_p_lam"].append(scale.density.log_prob(lam, Y))
+            return parts["log_p_gr"][-1]
+
+        def log_p_lam(lam, Y):
             parts["log_jac"].append(log_jacobian(lam, N))
+            parts["log_p_lam"].append(scale.density.log_prob(lam, Y))
+            return parts["log_p_lam"][-1]
+
+        for chunk in P["test"].split(batch_size):
+            parts["log_p"].append(cartesian_log_prob(chunk, log_p_gr, log_p_lam))
         parts = {k: torch.cat(v) for k, v in parts.items()}
     X = sample_molecules(flow, scale, n_samples, exp.seed).numpy()
     H = helmert_basis(N + 1)
