@@ -213,14 +213,14 @@ def cmd_reproduce_table1(args) -> None:
 
 
 def cmd_reproduce_table2(args) -> None:
-    from .experiments import qm9
+    from .experiments import qm9, qm9_report
 
     exp = qm9.QM9Experiment(
         objective=args.objective, prior=args.prior, flow_minutes=args.budget,
         scale_minutes=args.scale_budget, cache_dir=args.cache_dir,
     )
-    result = qm9.reproduce(args.out, args.runs, exp, progress=not args.no_progress)
-    print(qm9.markdown_table(result))
+    result = qm9_report.reproduce(args.out, args.runs, exp, progress=not args.no_progress)
+    print(qm9_report.markdown_table(result))
 
 
 def cmd_data_make(args) -> None:
@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prior", default="uniform", choices=("gaussian", "uniform"))
     p.add_argument("--budget", type=float, default=5.0, help="GrCNF training minutes")
     p.add_argument("--scale-budget", type=float, default=1.0,
-                   help="eigenvalue-model training minutes")
+                   help="training minutes of each scale model (eigenvalue density, decoder)")
     p.add_argument("--cache-dir", default="data", help="where the processed QM9 split is cached")
     p.add_argument("--out", default="results/table2")
     p.add_argument("--runs", default="runs/table2")

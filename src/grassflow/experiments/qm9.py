@@ -3,19 +3,27 @@
 A centred 19-atom molecule written in the Helmert basis of 1-perp is ``P: (18, 3)``,
 factored as ``P = Y diag(sqrt(lam)) R^T``
 (:func:`grassflow.distributions.cartesian.shape_factor`).
-Two models, trained separately:
+Three models, trained separately:
 
 * a GrCNF on Gr(3, 18) for [Y] (flow matching by default, or maximum likelihood);
-* an :class:`~grassflow.nn.eigenvalues.EigenvalueDensity` for lam given the canonical Y
-  (the paper's scale-estimator trunk), by maximum likelihood.
+* exact model: an :class:`~grassflow.nn.eigenvalues.EigenvalueDensity` for lam given the
+  canonical Y (the paper's scale-estimator trunk), by maximum likelihood. With the flow it is
+  an exact, O(3)-invariant density on the 54-dimensional centred coordinates
+  (:func:`~grassflow.distributions.cartesian.cartesian_log_prob`), on the same space as E-NF's;
+* the paper's model: the scale estimator as a :class:`~grassflow.nn.scale.GramDecoder`,
+  S' = Y'^T P P^T Y' given a representative Y' = Y Q whose orientation Q is latent (Haar
+  prior and posterior), trained on the -ELBO of the paper's appendix
+  (:func:`~grassflow.distributions.cartesian.cartesian_elbo`). The flow is shared: the GrCNF
+  term of the ELBO does not depend on Q. Besides the -ELBO we report an importance-weighted
+  estimate of the same model's NLL.
 
-Together they give an exact, O(3)-invariant density on the 54-dimensional centred
-coordinates (:func:`~grassflow.distributions.cartesian.cartesian_log_prob`), so its test NLL
-is on the same space as E-NF's. The paper's own model (scale estimator + -ELBO, Gr(3, 19))
-is not implemented yet. Atom types are not modelled: generated ``.xyz`` files use ``X``.
+The paper's protocol is Gr(3, 19) with uncentred coordinates; centred molecules lie on a
+measure-zero sub-Grassmannian there, so its densities are not comparable with E-NF's (see
+Table 1's paper protocol). We use the com-free Gr(3, 18) for both models. Atom types are not
+modelled: generated ``.xyz`` files use ``X``.
 
-A run directory holds ``experiment.json``, ``flow/`` and ``scale/`` (trainer files) and
-``eval.json``.
+A run directory holds ``experiment.json``, ``flow/``, ``scale/`` and ``decoder/`` (trainer
+files), ``eval.json`` and ``samples.npy`` / ``samples_paper.npy``.
 """
 
 from __future__ import annotations
@@ -26,22 +34,31 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from ..data.qm9 import distance_histogram, load_qm9_positional
 from ..data.shapes import helmert_basis
-from ..distributions.cartesian import cartesian_log_prob, log_jacobian, shape_factor
+from ..distributions.cartesian import (
+    cartesian_elbo,
+    cartesian_log_prob,
+    log_jacobian,
+    random_orthogonal,
+    shape_factor,
+)
 from ..flows import GrCNF
 from ..manifolds import Grassmann
 from ..metrics import jsd
 from ..nn import PRESETS, GrassmannField, Potential
 from ..nn.eigenvalues import EigenvalueDensity
+from ..nn.scale import GramDecoder, ScaleEstimator
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
 from ..training.checkpoint import write_json
 from .runs import checkpoint_path, read_preset, trained_minutes
 
-__all__ = ["PAPER", "QM9Experiment", "ScaleModel", "evaluate", "load_run", "run"]
+__all__ = [
+    "PAPER", "DecoderModel", "QM9Experiment", "QM9Models", "ScaleModel", "evaluate", "load_run",
+    "run", "sample_molecules",
+]  # fmt: skip
 
 # paper Table 2: GrCNF reports -ELBO (an upper bound of its NLL), E-NF an NLL
 PAPER = {"GrCNF": {"neg_elbo": -85.3, "jsd": 0.005}, "E-NF": {"nll": -70.2, "jsd": 0.006}}
@@ -57,7 +74,10 @@ class QM9Experiment:
         prior: GrCNF base distribution, ``"uniform"`` or ``"gaussian"`` (paper: M = I,
             U = sigma^2 I, V = sigma^2 I, sigma = 0.3).
         hidden: GrCNF widths (paper: 32-32-32).
-        flow_minutes, scale_minutes: training wall-clock of each model (resumable).
+        flow_minutes: GrCNF training wall-clock (resumable).
+        scale_minutes: of each scale model, the eigenvalue density and the paper's decoder.
+        elbo_samples, iwae_samples: Haar draws per test molecule for the -ELBO (its
+            expectation) and for the importance-weighted NLL of the paper's model.
         n_val: validation molecules used for the GrCNF's model selection (an exact ODE per
             molecule; the scale model uses all 2,501).
         n_test: evaluate on the first ``n_test`` test molecules only (None: all 1,813).
@@ -75,6 +95,8 @@ class QM9Experiment:
     scale_minutes: float = 1.0
     n_val: int = 500
     n_test: int | None = None
+    elbo_samples: int = 16
+    iwae_samples: int = 512
     cache_dir: str = "data"
     seed: int = 0
 
@@ -113,6 +135,30 @@ class ScaleModel(nn.Module):
         return self.density.log_prob(lam, Y)
 
 
+class DecoderModel(nn.Module):
+    """``log_prob(P)`` = the decoder's term of a one-draw ELBO, log p(Q^T S Q | Y Q), Q Haar.
+
+    The ELBO's other terms do not depend on the decoder, so the trainer maximizing this
+    maximizes the paper's ELBO (its expectation over Q) in the decoder's parameters.
+    """
+
+    def __init__(self, decoder: GramDecoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def log_prob(self, P: Tensor) -> Tensor:
+        Y, lam, _ = shape_factor(P)
+        Q = random_orthogonal(P.shape[:-2], K, dtype=P.dtype, device=P.device)
+        return self.decoder.log_prob(Q.mT @ torch.diag_embed(lam) @ Q, Y @ Q)
+
+
+@dataclass
+class QM9Models:
+    flow: GrCNF
+    scale: ScaleModel
+    decoder: DecoderModel
+
+
 def load_split(cache_dir: str | Path, dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
     """Train/valid/test molecules as Helmert coordinates ``P: (N, 18, 3)`` (Å)."""
     data = load_qm9_positional(cache_dir, progress=True)
@@ -120,13 +166,17 @@ def load_split(cache_dir: str | Path, dtype: torch.dtype = torch.float64) -> dic
     return {s: H.mT @ torch.as_tensor(data[s], dtype=dtype) for s in ("train", "valid", "test")}
 
 
-def _models(exp: QM9Experiment, init_mean: Tensor | None = None) -> tuple[GrCNF, ScaleModel]:
+def _models(exp: QM9Experiment, init_mean: Tensor | None = None) -> QM9Models:
     flow = GrCNF(
         Grassmann(K, N), GrassmannField(Potential(N, K, exp.hidden)), prior=exp.prior,
         prior_mean=torch.eye(N, K), row_cov=exp.sigma**2 * torch.eye(N),
         col_cov=exp.sigma**2 * torch.eye(K), atol=exp.atol, rtol=exp.rtol,
     )  # fmt: skip
-    return flow, ScaleModel(EigenvalueDensity(N, K, init_mean=init_mean))
+    init_scale = None if init_mean is None else torch.exp(0.5 * init_mean).float()
+    return QM9Models(
+        flow, ScaleModel(EigenvalueDensity(N, K, init_mean=init_mean)),
+        DecoderModel(GramDecoder(ScaleEstimator(N, K, init_scale=init_scale))),
+    )  # fmt: skip
 
 
 def _train(model, data, val, cfg, run_dir: Path, objective, progress: bool) -> None:
@@ -148,151 +198,119 @@ def run(exp: QM9Experiment, run_dir: str | Path, *, progress: bool = True) -> No
     Y = {s: shape_factor(x)[0] for s, x in P.items()}
     init_mean = shape_factor(P["train"])[1].log().median(dim=0).values
     torch.save(init_mean, run_dir / "init_mean.pt")
-    flow, scale = _models(exp, init_mean)
-    _train(flow, Y["train"], Y["valid"][: exp.n_val], exp.flow_config(), run_dir / "flow",
+    m = _models(exp, init_mean)
+    _train(m.flow, Y["train"], Y["valid"][: exp.n_val], exp.flow_config(), run_dir / "flow",
            OBJECTIVES[exp.objective], progress)  # fmt: skip
-    _train(scale, P["train"], P["valid"], exp.scale_config(), run_dir / "scale",
-           OBJECTIVES["mle"], progress)  # fmt: skip
+    for model, sub in ((m.scale, "scale"), (m.decoder, "decoder")):
+        _train(model, P["train"], P["valid"], exp.scale_config(), run_dir / sub,
+               OBJECTIVES["mle"], progress)  # fmt: skip
 
 
-def load_run(run_dir: str | Path) -> tuple[QM9Experiment, GrCNF, ScaleModel]:
-    """The preset and both trained models (best validation checkpoints), in eval mode."""
+def load_run(run_dir: str | Path) -> tuple[QM9Experiment, QM9Models]:
+    """The preset and the trained models (best validation checkpoints), in eval mode."""
     run_dir = Path(run_dir)
     exp = read_preset(run_dir, lambda d: QM9Experiment(**d), "QM9")
-    flow, scale = _models(exp, torch.load(run_dir / "init_mean.pt"))
-    for model, sub in ((flow, "flow"), (scale, "scale")):
+    m = _models(exp, torch.load(run_dir / "init_mean.pt"))
+    for model, sub in ((m.flow, "flow"), (m.scale, "scale"), (m.decoder, "decoder")):
         ckpt = load_checkpoint(checkpoint_path(run_dir / sub), required=("model",))
         model.double().load_state_dict(ckpt["model"])
-    return exp, flow.eval(), scale.eval()
+        model.eval()
+    return exp, m
 
 
-def _haar(n: int, generator: torch.Generator) -> Tensor:
-    Q, R = torch.linalg.qr(torch.randn(n, K, K, generator=generator, dtype=torch.float64))
-    return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
+def sample_molecules(m: QM9Models, n: int, seed: int = 0, model: str = "exact") -> Tensor:
+    """``n`` generated centred molecules ``(n, 19, 3)`` (Å); the overall rotation is I.
 
-
-def sample_molecules(flow: GrCNF, scale: ScaleModel, n: int, seed: int = 0) -> Tensor:
-    """``n`` generated centred molecules ``(n, 19, 3)`` (Å): [Y] from the flow, Haar axes,
-    eigenvalues from the scale model; the overall rotation is irrelevant and left as I."""
+    [Y] comes from the flow and a Haar representative Y' = Y Q; ``model="exact"`` draws lam
+    from the eigenvalue density at the canonical Y' (P = Y diag(sqrt(lam))),
+    ``model="paper"`` draws S' from the decoder at Y' (P = Y' chol(S')).
+    """
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        Y = flow.sample(n, generator=gen) @ _haar(n, gen)
-        Yc, _, _ = shape_factor(Y)  # the canonical sign convention the scale model saw
-        lam = scale.density.sample(Yc, generator=gen)
-    P = Yc * lam.sqrt().unsqueeze(-2)
+        Y = m.flow.sample(n, generator=gen) @ random_orthogonal((n,), K, generator=gen)
+        if model == "exact":
+            Yc, _, _ = shape_factor(Y)  # the canonical sign convention the model saw
+            P = Yc * m.scale.density.sample(Yc, generator=gen).sqrt().unsqueeze(-2)
+        elif model == "paper":
+            P = Y @ torch.linalg.cholesky(m.decoder.decoder.sample(Y, generator=gen))
+        else:
+            raise ValueError(f"model must be 'exact' or 'paper', got {model!r}")
     return helmert_basis(N + 1) @ P
 
 
+def _once(fn):
+    """Memoize a one-argument call: the three likelihoods of a chunk share one flow ODE."""
+    cache = []
+
+    def wrapped(Y):
+        if not cache:
+            cache.append(fn(Y))
+        return cache[0]
+
+    return wrapped
+
+
 def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) -> dict:
-    """Exact test NLL (nats per molecule, 54-D centred coordinates) and distance JSD."""
+    """Test NLL of the exact model, -ELBO and IWAE NLL of the paper's (nats per molecule,
+    54-D centred coordinates), and the distance JSD of both models' samples."""
     run_dir = Path(run_dir)
-    exp, flow, scale = load_run(run_dir)
+    exp, m = load_run(run_dir)
     P = load_split(exp.cache_dir)
     P["test"] = P["test"][: exp.n_test]
+    gen = torch.Generator().manual_seed(exp.seed)
+    terms = {k: [] for k in ("log_p", "log_p_gr", "log_p_lam", "log_jac", "elbo", "iwae")}
     with torch.no_grad():
-        parts = {"log_p": [], "log_p_gr": [], "log_p_lam": [], "log_jac": []}
-
-        # record the terms as cartesian_log_prob computes them: the flow's ODE runs once
-        def log_p_gr(Y):
-            parts["log_p_gr"].append(flow.log_prob(Y))
-            return parts["log_p_gr"][-1]
-
-        def log_p_lam(lam, Y):
-            parts["log_jac"].append(log_jacobian(lam, N))
-            parts["log_p_lam"].append(scale.density.log_prob(lam, Y))
-            return parts["log_p_lam"][-1]
-
         for chunk in P["test"].split(batch_size):
-            parts["log_p"].append(cartesian_log_prob(chunk, log_p_gr, log_p_lam))
-        parts = {k: torch.cat(v) for k, v in parts.items()}
-    X = sample_molecules(flow, scale, n_samples, exp.seed).numpy()
+            log_p_gr = _once(m.flow.log_prob)
+
+            def log_p_lam(lam, Y):
+                terms["log_jac"].append(log_jacobian(lam, N))
+                terms["log_p_lam"].append(m.scale.density.log_prob(lam, Y))
+                return terms["log_p_lam"][-1]
+
+            terms["log_p"].append(cartesian_log_prob(chunk, log_p_gr, log_p_lam))
+            terms["log_p_gr"].append(log_p_gr(None))
+            for key, L, iw in (("elbo", exp.elbo_samples, False),
+                               ("iwae", exp.iwae_samples, True)):  # fmt: skip
+                terms[key].append(cartesian_elbo(
+                    chunk, log_p_gr, m.decoder.decoder.log_prob, L, importance_weighted=iw,
+                    generator=gen,
+                ))  # fmt: skip
+        t = {k: torch.cat(v) for k, v in terms.items()}
     H = helmert_basis(N + 1)
     train_hist = distance_histogram((H @ P["train"]).numpy())
-    nll = -parts["log_p"]
+    X = sample_molecules(m, n_samples, exp.seed).numpy()
+    X_paper = sample_molecules(m, n_samples, exp.seed, model="paper").numpy()
+    nll = -t["log_p"]
+
+    def mean_sem(x: Tensor) -> tuple[float, float]:
+        return x.mean().item(), (x.std() / len(x) ** 0.5).item()
+
     result = {
-        "test_nll": nll.mean().item(),
-        "test_nll_sem": (nll.std() / len(nll) ** 0.5).item(),
-        "test_nll_grassmann": -parts["log_p_gr"].mean().item(),
-        "test_nll_eigenvalues": -parts["log_p_lam"].mean().item(),
-        "mean_log_jacobian": parts["log_jac"].mean().item(),
-        "uniform_nll_grassmann": flow.manifold.log_volume(),
+        "test_nll": mean_sem(nll)[0],
+        "test_nll_sem": mean_sem(nll)[1],
+        "test_nll_grassmann": -t["log_p_gr"].mean().item(),
+        "test_nll_eigenvalues": -t["log_p_lam"].mean().item(),
+        "mean_log_jacobian": t["log_jac"].mean().item(),
+        "uniform_nll_grassmann": m.flow.manifold.log_volume(),
+        "paper_neg_elbo": mean_sem(-t["elbo"])[0],
+        "paper_neg_elbo_sem": mean_sem(-t["elbo"])[1],
+        "paper_nll_iwae": mean_sem(-t["iwae"])[0],
+        "paper_nll_iwae_sem": mean_sem(-t["iwae"])[1],
         "jsd": jsd(distance_histogram(X), train_hist),
+        "paper_jsd": jsd(distance_histogram(X_paper), train_hist),
         "jsd_test_data": jsd(distance_histogram((H @ P["test"]).numpy()), train_hist),
         "n_test": len(nll),
         "n_samples": n_samples,
+        "elbo_samples": exp.elbo_samples,
+        "iwae_samples": exp.iwae_samples,
         "flow_minutes": trained_minutes(run_dir / "flow"),
         "scale_minutes": trained_minutes(run_dir / "scale"),
+        "decoder_minutes": trained_minutes(run_dir / "decoder"),
         "objective": exp.objective,
         "prior": exp.prior,
     }
     write_json(result, run_dir / "eval.json")
     np.save(run_dir / "samples.npy", X.astype(np.float32))
+    np.save(run_dir / "samples_paper.npy", X_paper.astype(np.float32))
     return result
-
-
-def write_xyz(X: np.ndarray, path: str | Path, comment: str = "grassflow sample") -> None:
-    """Molecules ``(M, n, 3)`` as a multi-frame ``.xyz`` file; atoms are ``X`` (untyped)."""
-    lines = []
-    for mol in X:
-        lines += [str(len(mol)), comment]
-        lines += [f"X {x:.5f} {y:.5f} {z:.5f}" for x, y, z in mol]
-    Path(path).write_text("\n".join(lines) + "\n")
-
-
-def plot_histograms(run_dir: str | Path, path: str | Path) -> None:
-    """Normalized interatomic-distance histograms of generated vs training molecules."""
-    exp, _, _ = load_run(run_dir)
-    X = np.load(Path(run_dir) / "samples.npy")
-    train = helmert_basis(N + 1) @ load_split(exp.cache_dir)["train"]
-    edges = np.linspace(0, 13, 101)
-    fig = Figure(figsize=(5, 3.2))
-    ax = fig.add_subplot()
-    for hist, label, color in ((distance_histogram(train.numpy()), "QM9 train", "k"),
-                               (distance_histogram(X), "GrCNF samples", "C3")):  # fmt: skip
-        ax.stairs(hist / hist.sum(), edges, label=label, color=color)
-    ax.set_xlabel("interatomic distance (Å)")
-    ax.set_ylabel("fraction of pairs")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def reproduce(
-    out_dir: str | Path = "results/table2",
-    run_dir: str | Path = "runs/table2",
-    exp: QM9Experiment | None = None,
-    progress: bool = True,
-    n_samples: int = 1000,
-) -> dict:
-    """Train (or continue), evaluate, and write ``table2.{json,md}``, ``distances.png`` and
-    ``samples.xyz`` (10 generated molecules) to ``out_dir``."""
-    exp = QM9Experiment() if exp is None else exp
-    run(exp, run_dir, progress=progress)
-    result = evaluate(run_dir, n_samples)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(result, out / "table2.json")
-    (out / "table2.md").write_text(markdown_table(result))
-    plot_histograms(run_dir, out / "distances.png")
-    write_xyz(np.load(Path(run_dir) / "samples.npy")[:10], out / "samples.xyz",
-              "grassflow QM9 sample; atom types are not modelled (X)")  # fmt: skip
-    return result
-
-
-def markdown_table(r: dict) -> str:
-    return "\n".join([
-        f"QM9 positional, {r['n_test']:,} test molecules; GrCNF ({r['objective']}, "
-        f"{r['prior']} prior) "
-        f"trained {r['flow_minutes']:.1f} min, eigenvalue model {r['scale_minutes']:.1f} min "
-        "(2-core CPU).",
-        "",
-        "| model | NLL (nats) | −ELBO | JSD |",
-        "|---|---|---|---|",
-        f"| E-NF (paper) | {PAPER['E-NF']['nll']} | – | {PAPER['E-NF']['jsd']} |",
-        f"| GrCNF (paper; Gr(3,19), scale estimator) | ≤ −85.3 | {PAPER['GrCNF']['neg_elbo']} "
-        "| "
-        f"{PAPER['GrCNF']['jsd']} |",
-        f"| GrCNF here (com-free, exact) | {r['test_nll']:.1f} ± {r['test_nll_sem']:.1f} | – | "
-        f"{r['jsd']:.4f} |",
-        f"| test data vs train (floor) | – | – | {r['jsd_test_data']:.5f} |",
-    ]) + "\n"  # fmt: skip

@@ -37,6 +37,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .layers import fc_trunk
+
 __all__ = ["EigenvalueDensity", "eigenvalues_to_log_gaps", "log_gaps_to_eigenvalues"]
 
 
@@ -111,26 +113,13 @@ class EigenvalueDensity(nn.Module):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         if not 1 <= k < n:
             raise ValueError(f"need 1 <= k < n, got n={n}, k={k}")
-        if norm not in ("batch", "layer", None):
-            raise ValueError(f"norm must be 'batch', 'layer' or None, got {norm!r}")
         hidden = tuple(hidden)
-        if any(not isinstance(h, int) or h < 1 for h in hidden):
-            raise ValueError(f"hidden must be positive integers, got {hidden}")
         if not (math.isfinite(init_std) and init_std > 0):
             raise ValueError(f"init_std must be finite and positive, got {init_std}")
         self.n, self.k = n, k
 
-        layers: list[nn.Module] = []
-        width = n * k
-        for h in hidden:
-            layers.append(nn.Linear(width, h))
-            if norm == "batch":
-                layers.append(nn.BatchNorm1d(h))
-            elif norm == "layer":
-                layers.append(nn.LayerNorm(h))
-            layers.append(nn.SiLU())
-            width = h
-        self.trunk = nn.Sequential(*layers)
+        self.trunk = fc_trunk(n * k, hidden, norm)
+        width = hidden[-1] if hidden else n * k
         # mean (k), log of the Cholesky diagonal (k), strictly lower Cholesky entries
         self.head = nn.Linear(width, 2 * k + k * (k - 1) // 2)
         self.register_buffer("_tril", torch.tril_indices(k, k, offset=-1), persistent=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ConcatSquash", "HorP", "scale_init_"]
+__all__ = ["ConcatSquash", "HorP", "fc_trunk", "scale_init_"]
 
 
 class HorP(nn.Module):
@@ -57,3 +57,24 @@ def scale_init_(module: nn.Module, gain: float) -> nn.Module:
     return module
 
 
+
+
+def fc_trunk(width: int, hidden: tuple[int, ...], norm: str | None) -> nn.Sequential:
+    """[Linear -> norm -> SiLU] per hidden width (the paper's QM9 scale-estimator trunk).
+
+    ``norm``: ``"batch"`` (BatchNorm1d, the paper's), ``"layer"`` (LayerNorm) or ``None``.
+    """
+    if norm not in ("batch", "layer", None):
+        raise ValueError(f"norm must be 'batch', 'layer' or None, got {norm!r}")
+    if any(not isinstance(h, int) or h < 1 for h in hidden):
+        raise ValueError(f"hidden must be positive integers, got {hidden}")
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers.append(nn.Linear(width, h))
+        if norm == "batch":
+            layers.append(nn.BatchNorm1d(h))
+        elif norm == "layer":
+            layers.append(nn.LayerNorm(h))
+        layers.append(nn.SiLU())
+        width = h
+    return nn.Sequential(*layers)
