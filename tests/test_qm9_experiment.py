@@ -35,6 +35,7 @@ def test_reproduce_table2_tiny(tmp_path):
     assert json.loads((out / "table2.json").read_text()) == r
     assert "-70.2" in (out / "table2.md").read_text()
     assert (out / "distances.png").stat().st_size > 10_000
+    assert (out / "figure5.png").stat().st_size > 10_000 and len(r["figure5_rmsd"]) == 4
     xyz = (out / "samples.xyz").read_text().splitlines()
     assert xyz[0] == "19" and len(xyz) == 10 * 21 and xyz[2].startswith("X ")
     # generated molecules are centred 19-atom configurations
