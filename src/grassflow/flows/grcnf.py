@@ -36,7 +36,8 @@ class GrCNF(nn.Module):
         T: end time; ``train_T=True`` learns it as ``T = s^2`` with ``s`` a parameter.
         divergence: ``"exact"`` or ``"hutchinson"`` during training; evaluation (``eval()`` mode)
             always uses the exact divergence unless ``log_prob(..., exact=False)``.
-        method: ODE method, ``"cayley_rkmk"`` (intrinsic) or ``"ambient"`` (projection).
+        method: ODE method, ``"cayley_rkmk"`` (intrinsic), ``"ambient"`` (projection) or
+            ``"kronecker"`` (the paper's chart solver with Kronecker Jacobians; slow reference).
         atol, rtol: solver tolerances (paper: 1e-5).
         adjoint: adjoint gradients (only for ``method="ambient"``).
 

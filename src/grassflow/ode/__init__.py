@@ -1,11 +1,13 @@
 """ODE integrators and divergences on Gr(k, D) for points ``Y: (..., D, k)``.
 
 :func:`odeint_grassmann` is the entry point; ``method`` picks the intrinsic Cayley
-Runge-Kutta-Munthe-Kaas solver or the projected ambient torchdiffeq solver.
+Runge-Kutta-Munthe-Kaas solver, the projected ambient torchdiffeq solver, or the paper's
+Kronecker-product chart solver (a slow reference).
 """
 
 from .ambient import polar_newton_schulz
 from .divergence import divergence_exact, divergence_hutchinson, horizontal_basis, horizontal_noise
+from .kronecker import inv_retr_jacobian
 from .rkmk import cayley_lowrank
 from .solve import METHODS, odeint_grassmann
 
@@ -16,6 +18,7 @@ __all__ = [
     "divergence_hutchinson",
     "horizontal_basis",
     "horizontal_noise",
+    "inv_retr_jacobian",
     "odeint_grassmann",
     "polar_newton_schulz",
 ]

@@ -10,11 +10,12 @@ from torch import Tensor, nn
 
 from ..manifolds import Grassmann
 from .ambient import solve_ambient
+from .kronecker import solve_kronecker
 from .rkmk import solve_cayley_rkmk
 
 __all__ = ["METHODS", "odeint_grassmann"]
 
-METHODS = ("cayley_rkmk", "ambient")
+METHODS = ("cayley_rkmk", "ambient", "kronecker")
 
 
 def _as_time(t, name: str) -> float:
@@ -80,9 +81,11 @@ def odeint_grassmann(
         a0: ``(...)`` initial accumulator, or a scalar broadcast to the batch.
         t0, t1: start and end times; ``t1 < t0`` integrates backward.
         method: ``"cayley_rkmk"`` (intrinsic DOPRI5 Runge-Kutta-Munthe-Kaas with the Cayley
-            map, orthonormal to rounding error; :mod:`grassflow.ode.rkmk`) or ``"ambient"``
+            map, orthonormal to rounding error; :mod:`grassflow.ode.rkmk`), ``"ambient"``
             (torchdiffeq dopri5 on the ambient matrix with Newton-Schulz projection;
-            :mod:`grassflow.ode.ambient`).
+            :mod:`grassflow.ode.ambient`) or ``"kronecker"`` (the paper's dopri5 in re-centred
+            Cayley charts with explicit Dk x Dk Kronecker Jacobians, a slow reference;
+            :mod:`grassflow.ode.kronecker`).
         atol, rtol: error tolerances; one step size serves the whole batch.
         adjoint: ``method="ambient"`` only: gradients by torchdiffeq's adjoint method, in
             O(1) memory, to Y0, a0 and ``adjoint_params``.
@@ -99,7 +102,7 @@ def odeint_grassmann(
 
     Raises:
         ValueError: unknown method, bad shapes, non-finite or non-orthonormal Y0, bad
-            tolerances, ``adjoint=True`` with ``"cayley_rkmk"``.
+            tolerances, ``adjoint=True`` with a method other than ``"ambient"``.
         RuntimeError: max_steps exceeded, step-size underflow, or non-finite dynamics.
 
     Example:
@@ -133,10 +136,12 @@ def odeint_grassmann(
         raise ValueError(f"first_step must be a finite number > 0, got {first_step!r}")
     common = {"atol": atol, "rtol": rtol, "max_steps": max_steps, "first_step": first_step}
 
+    if method != "ambient" and adjoint:
+        raise ValueError("adjoint=True is only available with method='ambient'")
     if method == "cayley_rkmk":
-        if adjoint:
-            raise ValueError("adjoint=True is only available with method='ambient'")
         return solve_cayley_rkmk(dynamics, Y0, a0, t0, t1, **common)
+    if method == "kronecker":
+        return solve_kronecker(dynamics, Y0, a0, t0, t1, **common)
     if adjoint:
         if adjoint_params is None:
             if not isinstance(dynamics, nn.Module):
