@@ -13,6 +13,7 @@ from grassflow.data.textures import (
     texture_splits,
 )
 from grassflow.manifolds import Grassmann
+from grassflow.training import PAPER_TEXTURES
 
 GR = Grassmann(1, 3)
 
@@ -139,3 +140,23 @@ def test_lift_is_scale_free_and_batchwise():
     # the normalizer is the batch max: adding a far point squeezes the others
     far = np.concatenate([xy, [[100.0, 0.0]]])
     assert (lift_to_grassmann(far)[:-1, 0] > y[:, 0]).all()
+
+
+def test_model_initialization_depends_on_the_seed_only():
+    # torch seeds its default generator randomly per process; build_model must not depend on it
+    from grassflow.experiments.textures import TexturesExperiment, build_model
+
+    def params(seed):
+        exp = TexturesExperiment(train=PAPER_TEXTURES.replace(seed=seed))
+        return torch.cat([p.detach().flatten() for p in build_model(exp).parameters()])
+
+    torch.manual_seed(123)
+    a = params(0)
+    torch.manual_seed(456)
+    assert torch.equal(a, params(0))
+    assert not torch.equal(a, params(1))
+    torch.manual_seed(7)  # and building a model leaves the global stream alone
+    params(0)
+    after = torch.rand(1)
+    torch.manual_seed(7)
+    assert torch.equal(torch.rand(1), after)

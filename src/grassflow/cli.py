@@ -145,11 +145,15 @@ def cmd_eval(args) -> None:
 
 def cmd_sample(args) -> None:
     import numpy as np
-    import torch
+
+    from .training import distributed as dd
+    from .training import distributed_sample
 
     _, model = _run_kind(args.run_dir).load_run(args.run_dir)
-    with torch.no_grad():
-        Y, logp = model.sample_with_log_prob(args.n, torch.Generator().manual_seed(args.seed))
+    # under torchrun each rank draws a share with its own seed, and rank 0 writes
+    Y, logp = distributed_sample(model, args.n, args.seed)
+    if not dd.is_main():
+        return
     out = Path(args.out)
     np.savez(out, Y=Y.cpu().numpy(), log_prob=logp.cpu().numpy())
     print(f"wrote {args.n} samples (Y: {tuple(Y.shape)}, log_prob) to {out}")
@@ -373,16 +377,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .training import TrainingDiverged
+    from .training import distributed as dd
 
     args = build_parser().parse_args(argv)
+    dd.init()  # under `torchrun --nproc_per_node N`: join the job (a no-op otherwise)
     try:
-        args.func(args)
+        with dd.quiet_unless_main():
+            args.func(args)
     except TrainingDiverged as err:
         print(f"grassflow {args.command}: training diverged: {err}", file=sys.stderr)
         return 3
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         print(f"grassflow {args.command}: error: {err}", file=sys.stderr)
         return 2
+    dd.shutdown()
     return 0
 
 

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from ..data.textures import texture_splits
 from ..training import OBJECTIVES, PAPER_TEXTURES, train
+from ..training import distributed as dd
 from ..training.checkpoint import write_json
 from .textures import TexturesExperiment, build_model, texture_stream
 
@@ -53,7 +54,9 @@ def _curve(exp: TexturesExperiment, run_dir: Path, n_snapshots: int, progress: b
     if done.exists():
         return json.loads(done.read_text())
     if run_dir.exists():  # unfinished: snapshots lived in memory, so start this run again
-        shutil.rmtree(run_dir)
+        if dd.is_main():
+            shutil.rmtree(run_dir)
+        dd.barrier()
     test = texture_splits(exp.dataset, dtype=getattr(torch, exp.train.dtype))["test"]
     points = []
     for elapsed, iteration, state in _snapshots(exp, run_dir, n_snapshots, progress):
@@ -64,7 +67,8 @@ def _curve(exp: TexturesExperiment, run_dir: Path, n_snapshots: int, progress: b
         points.append({"seconds": elapsed, "iteration": iteration,
                        "test_nll": nll.mean().item(),
                        "test_nll_sem": (nll.std() / len(nll) ** 0.5).item()})
-    write_json(points, done)
+    if dd.is_main():
+        write_json(points, done)
     return points
 
 
@@ -85,7 +89,6 @@ def compare(
         raise ValueError("objectives must include 'mle', the reference")
     objectives = ("mle",) + tuple(o for o in objectives if o != "mle")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     train_cfg = PAPER_TEXTURES.replace(
         batch_size=200, iterations=10**7, lr_step=None, val_every=None, log_every=10,
         checkpoint_every=10**6, budget_minutes=budget_minutes,
@@ -100,9 +103,11 @@ def compare(
         results[dataset] = {"curves": curves, "summary": _summary(curves)}
     result = {"budget_minutes": budget_minutes, "objectives": list(objectives),
               "datasets": results}
-    write_json(result, out / "fm_vs_mle.json")
-    (out / "fm_vs_mle.md").write_text(markdown_table(result))
-    _plot(result, out / "fm_vs_mle.png")
+    if dd.is_main():  # under torchrun, rank 0 writes
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(result, out / "fm_vs_mle.json")
+        (out / "fm_vs_mle.md").write_text(markdown_table(result))
+        _plot(result, out / "fm_vs_mle.png")
     return result
 
 

@@ -29,8 +29,17 @@ from ..data.shapes import PROTOCOLS, representation_shape, to_grassmann
 from ..flows import GrCNF
 from ..manifolds import Grassmann
 from ..nn import PRESETS, GrassmannField, Potential
-from ..training import OBJECTIVES, TrainConfig, TrainResult, load_checkpoint, train
+from ..training import (
+    OBJECTIVES,
+    TrainConfig,
+    TrainResult,
+    distributed_log_prob,
+    load_checkpoint,
+    train,
+)
+from ..training import distributed as dd
 from ..training.checkpoint import write_json
+from ..training.rng import seeded_init
 from .runs import load_trained
 
 __all__ = [
@@ -160,20 +169,21 @@ class ParticleExperiment:
 def build_model(exp: ParticleExperiment) -> GrCNF:
     """The paper's GrCNF for ``exp.shape`` with prior ``M = I``, ``U = s^2 I``, ``V = s^2 I``."""
     D, k = exp.shape
-    return GrCNF(
-        Grassmann(k, D),
-        GrassmannField(Potential(D, k, exp.hidden)),
-        prior=exp.prior,
-        prior_mean=torch.eye(D, k),
-        row_cov=exp.sigma**2 * torch.eye(D),
-        col_cov=exp.sigma**2 * torch.eye(k),
-        T=exp.T,
-        train_T=exp.train_T,
-        divergence=exp.divergence,
-        method=exp.method,
-        atol=exp.atol,
-        rtol=exp.rtol,
-    )
+    with seeded_init(exp.train.seed):
+        return GrCNF(
+            Grassmann(k, D),
+            GrassmannField(Potential(D, k, exp.hidden)),
+            prior=exp.prior,
+            prior_mean=torch.eye(D, k),
+            row_cov=exp.sigma**2 * torch.eye(D),
+            col_cov=exp.sigma**2 * torch.eye(k),
+            T=exp.T,
+            train_T=exp.train_T,
+            divergence=exp.divergence,
+            method=exp.method,
+            atol=exp.atol,
+            rtol=exp.rtol,
+        )
 
 
 def load_data(exp: ParticleExperiment, dtype: torch.dtype = torch.float64) -> dict:
@@ -194,7 +204,8 @@ def run(
     """Train (or resume) one run in ``run_dir``; ``data`` defaults to :func:`load_data`."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(exp.to_dict(), run_dir / "experiment.json")
+    if dd.is_main():
+        write_json(exp.to_dict(), run_dir / "experiment.json")
     data = load_data(exp) if data is None else data
     return train(
         build_model(exp),
@@ -216,13 +227,14 @@ def load_run(run_dir: str | Path, which: str = "best") -> tuple[ParticleExperime
 def evaluate(run_dir: str | Path, data: dict | None = None, batch_size: int = 250) -> dict:
     """Test NLL (exact divergence) of the best model, beside the prior's and the uniform's.
 
-    Writes and returns ``eval.json``.
+    Writes and returns ``eval.json``. Under torchrun the chunks of ``batch_size`` test
+    points are shared among the ranks (same result) and rank 0 writes the file.
     """
     exp, model = load_run(run_dir)
     dtype = model.prior_mean.dtype
     test = (load_data(exp) if data is None else data)["test"].to(dtype)
+    nll = -distributed_log_prob(model, test, batch_size)
     with torch.no_grad():
-        nll = torch.cat([-model.log_prob(chunk) for chunk in test.split(batch_size)])
         prior_nll = -model.prior().log_prob(test)
     best_path = Path(run_dir) / "best.pt"
     best = load_checkpoint(best_path) if best_path.exists() else {}
@@ -242,5 +254,6 @@ def evaluate(run_dir: str | Path, data: dict | None = None, batch_size: int = 25
         "best_iteration": best.get("iteration"),
         "T": model.T.item(),
     }
-    write_json(result, Path(run_dir) / "eval.json")
+    if dd.is_main():
+        write_json(result, Path(run_dir) / "eval.json")
     return result

@@ -52,7 +52,9 @@ from ..nn import PRESETS, GrassmannField, Potential
 from ..nn.eigenvalues import EigenvalueDensity
 from ..nn.scale import GramDecoder, ScaleEstimator
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
+from ..training import distributed as dd
 from ..training.checkpoint import write_json
+from ..training.rng import seeded_init
 from .runs import checkpoint_path, read_preset, trained_minutes
 
 __all__ = [
@@ -167,16 +169,17 @@ def load_split(cache_dir: str | Path, dtype: torch.dtype = torch.float64) -> dic
 
 
 def _models(exp: QM9Experiment, init_mean: Tensor | None = None) -> QM9Models:
-    flow = GrCNF(
-        Grassmann(K, N), GrassmannField(Potential(N, K, exp.hidden)), prior=exp.prior,
-        prior_mean=torch.eye(N, K), row_cov=exp.sigma**2 * torch.eye(N),
-        col_cov=exp.sigma**2 * torch.eye(K), atol=exp.atol, rtol=exp.rtol,
-    )  # fmt: skip
     init_scale = None if init_mean is None else torch.exp(0.5 * init_mean).float()
-    return QM9Models(
-        flow, ScaleModel(EigenvalueDensity(N, K, init_mean=init_mean)),
-        DecoderModel(GramDecoder(ScaleEstimator(N, K, init_scale=init_scale))),
-    )  # fmt: skip
+    with seeded_init(exp.seed):
+        flow = GrCNF(
+            Grassmann(K, N), GrassmannField(Potential(N, K, exp.hidden)), prior=exp.prior,
+            prior_mean=torch.eye(N, K), row_cov=exp.sigma**2 * torch.eye(N),
+            col_cov=exp.sigma**2 * torch.eye(K), atol=exp.atol, rtol=exp.rtol,
+        )  # fmt: skip
+        return QM9Models(
+            flow, ScaleModel(EigenvalueDensity(N, K, init_mean=init_mean)),
+            DecoderModel(GramDecoder(ScaleEstimator(N, K, init_scale=init_scale))),
+        )  # fmt: skip
 
 
 def _train(model, data, val, cfg, run_dir: Path, objective, progress: bool) -> None:
@@ -192,12 +195,13 @@ def _train(model, data, val, cfg, run_dir: Path, objective, progress: bool) -> N
 def run(exp: QM9Experiment, run_dir: str | Path, *, progress: bool = True) -> None:
     """Train (or continue) both models of ``exp`` in ``run_dir``."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(dataclasses.asdict(exp), run_dir / "experiment.json")
     P = load_split(exp.cache_dir)
     Y = {s: shape_factor(x)[0] for s, x in P.items()}
     init_mean = shape_factor(P["train"])[1].log().median(dim=0).values
-    torch.save(init_mean, run_dir / "init_mean.pt")
+    if dd.is_main():  # under torchrun, rank 0 writes
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(dataclasses.asdict(exp), run_dir / "experiment.json")
+        torch.save(init_mean, run_dir / "init_mean.pt")
     m = _models(exp, init_mean)
     _train(m.flow, Y["train"], Y["valid"][: exp.n_val], exp.flow_config(), run_dir / "flow",
            OBJECTIVES[exp.objective], progress)  # fmt: skip

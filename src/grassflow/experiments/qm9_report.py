@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 
 from ..data.qm9 import distance_histogram, load_qm9_positional
 from ..data.shapes import helmert_basis
+from ..training import distributed as dd
 from ..training.checkpoint import write_json
 from ..viz.molecules import plot_nearest
 from .qm9 import PAPER, N, QM9Experiment, evaluate, load_run, load_split, run
@@ -71,6 +72,8 @@ def reproduce(
     ``figure5.png`` and ``samples.xyz`` (10 generated molecules) to ``out_dir``."""
     exp = QM9Experiment() if exp is None else exp
     run(exp, run_dir, progress=progress)
+    if not dd.is_main():  # training is data-parallel under torchrun; evaluation is rank 0's
+        return {}
     result = evaluate(run_dir, n_samples)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ..data.particle_files import missing_files
+from ..training import distributed as dd
 from ..training import read_metrics
 from ..training.checkpoint import write_json
 from . import particles as px
@@ -106,11 +107,12 @@ def reproduce(
                                 | {"run_dir": str(run_dir)})
     result = {"budget_minutes": budget_minutes, "objective": objective, "prior": prior,
               "source": source, "runs": rows}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(result, out / "table1.json")
-    (out / "table1.md").write_text(markdown_table(result))
-    plot_val_curves(rows, out / "table1_val.png")
+    if dd.is_main():  # under torchrun, rank 0 writes
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(result, out / "table1.json")
+        (out / "table1.md").write_text(markdown_table(result))
+        plot_val_curves(rows, out / "table1_val.png")
     return result
 
 

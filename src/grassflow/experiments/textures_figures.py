@@ -12,6 +12,7 @@ from ..distributions import MatrixGaussianPrior
 from ..flows import GrCNF
 from ..manifolds import Grassmann
 from ..training import PAPER_TEXTURES, read_metrics
+from ..training import distributed as dd
 from ..training.checkpoint import write_json
 from ..viz import SphereColumn, figure_antipodal, figure_prior_views, figure_textures
 from .runs import trained_minutes
@@ -94,6 +95,8 @@ def reproduce(
         row["train_minutes"] = trained_minutes(run_dir)
         row["iterations"] = read_metrics(run_dir / "metrics.jsonl")[-1]["iteration"]
         rows.append(row)
+        if not dd.is_main():  # under torchrun, rank 0 alone draws the pictures
+            continue
         _, model = load_run(run_dir)
         gen = torch.Generator().manual_seed(0)
         Y0 = model.sample_prior(n_samples, gen)
@@ -101,6 +104,8 @@ def reproduce(
             generated, antipodal[name] = model.transport_forward(Y0), model.transport_forward(-Y0)
         data = sample_texture(name, n_samples, seed=0, dtype=Y0.dtype)
         columns.append(SphereColumn(name, data, generated, _density_fn(model)))
+    if not dd.is_main():
+        return rows
     prior = model.prior()
     columns.insert(0, SphereColumn("Prior", Y0, None, prior.log_prob))
     figure_textures(columns, out / "figure3.png", dtype=Y0.dtype)

@@ -9,6 +9,9 @@ Example:
     >>> result = train(flow, texture_sampler, PAPER_TEXTURES.replace(budget_minutes=60),
     ...                "runs/textures", val_data=Y_val, resume=True)
     >>> result.stopped  # "done" or "budget" (run again to continue)
+
+The same call trains data-parallel under ``torchrun --nproc_per_node N``; see
+:mod:`grassflow.training.distributed`.
 """
 
 from .batches import Sampler, SamplerBatches, TensorBatches
@@ -18,6 +21,12 @@ from .flow_matching import COUPLINGS, flow_matching_objective, ot_pairing
 from .loop import train
 from .metrics import read_metrics
 from .objectives import OBJECTIVES, Objective, mean_nll, nll_objective
+from .parallel_eval import (
+    distributed_log_prob,
+    distributed_mean_nll,
+    distributed_sample,
+    distributed_transport,
+)
 from .result import TrainingDiverged, TrainResult
 
 __all__ = [
@@ -36,6 +45,10 @@ __all__ = [
     "TrainResult",
     "TrainingDiverged",
     "atomic_save",
+    "distributed_log_prob",
+    "distributed_mean_nll",
+    "distributed_sample",
+    "distributed_transport",
     "load_checkpoint",
     "mean_nll",
     "nll_objective",

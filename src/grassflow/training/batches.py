@@ -72,10 +72,13 @@ class TensorBatches(BatchStream):
             self._epoch = epoch
         return self._perm
 
-    def batch(self, iteration: int) -> Tensor:
+    def indices(self, iteration: int) -> Tensor:
+        """Row indices ``(b,)`` of the batch of iteration ``iteration``."""
         epoch, j = divmod(iteration, self.per_epoch)
-        idx = self._permutation(epoch)[j * self.batch_size : (j + 1) * self.batch_size]
-        return self.data[idx]
+        return self._permutation(epoch)[j * self.batch_size : (j + 1) * self.batch_size]
+
+    def batch(self, iteration: int) -> Tensor:
+        return self.data[self.indices(iteration)]
 
     def state_dict(self) -> dict:
         # nothing to restore; kept to detect resuming with a different dataset

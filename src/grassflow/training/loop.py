@@ -2,6 +2,9 @@
 
 A run directory holds ``config.json`` (resolved config), ``last.pt`` (everything needed to
 resume bit-exactly), ``best.pt`` (best validation model) and ``metrics.jsonl``.
+
+Under ``torchrun --nproc_per_node N`` the same call trains data-parallel (see
+:mod:`.distributed`); rank 0 alone writes the run directory and shows the progress bar.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from . import distributed as dd
 from .batches import Sampler, check_points, make_batches
 from .checkpoint import atomic_save, write_json
 from .config import TrainConfig, resolve_device, resolve_dtype
 from .metrics import MetricsLog, make_record
-from .objectives import Objective, mean_nll, nll_objective
+from .objectives import Objective, nll_objective
+from .parallel_eval import distributed_mean_nll
 from .result import TrainingDiverged, TrainResult
-from .rng import derive_seed, isolated_rng, seed_all
+from .rng import capture_rng_state, derive_seed, isolated_rng, seed_all
 from .state import TrainState, load_last, make_optimizer, save_last
 
 __all__ = ["TrainResult", "TrainingDiverged", "train"]
@@ -54,6 +59,15 @@ def train(
     interrupted and resumed run ends with the same parameters as an uninterrupted one
     (bit-exact on CPU; on GPU as far as the kernels are deterministic).
 
+    Launched by torchrun with N processes, it trains data-parallel (DistributedDataParallel):
+    each rank takes ``batch_size / N`` points of the same global batch, draws its own noise
+    (Hutchinson, flow-matching times and prior points) from the global RNG seeded by
+    ``(seed, rank)`` and checkpointed per rank, and the averaged gradient is the global-batch
+    one, so ``lr`` keeps its meaning. Validation is sharded in chunks and gives the
+    single-process value. Rank 0 writes the files; every rank resumes from ``last.pt``.
+    An adaptive ODE solver picks one step size per rank's batch, so MLE training matches a
+    single process up to the solver tolerance; with ``"fm-ot"`` the pairing is per rank.
+
     Args:
         model: ``nn.Module`` with ``log_prob(Y: (B, D, k)) -> (B,)`` (needed by the default
             objective and by validation), optionally ``last_stats = {"nfe": int, ...}``.
@@ -77,36 +91,52 @@ def train(
     Raises:
         TrainingDiverged: non-finite loss, gradient or parameters; nothing bad is saved.
         FileExistsError: ``run_dir`` already holds ``last.pt`` and ``resume`` is False.
-        ValueError: bad data, or a resumed config that changes the trajectory.
+        ValueError: bad data, a resumed config that changes the trajectory, or a
+            ``batch_size`` that the number of processes does not divide.
         CheckpointError: ``last.pt`` is corrupt or does not match the model.
     """
+    parallel = dd.init()  # False unless launched by torchrun with several processes
+    main = dd.is_main()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     last_path = run_dir / "last.pt"
     if last_path.exists() and not resume:
         raise FileExistsError(f"{last_path} exists: pass resume=True or use a new run_dir")
-    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+    device, dtype = dd.device_for(resolve_device(config.device)), resolve_dtype(config.dtype)
     model.to(device=device, dtype=dtype).train()
     stream = make_batches(data, config.batch_size, config.seed, device, dtype)
+    if parallel:
+        dd.check_batch_size(config.batch_size)
+        stream = dd.ShardedBatches(stream)
     if val_data is not None:
         check_points(val_data, "val_data")
         val_data = val_data.to(device=device, dtype=dtype)
     optimizer, scheduler = make_optimizer(model, config)
     state = TrainState()
     if resume and last_path.exists():
-        state = load_last(last_path, config, model, optimizer, scheduler, stream)
-    else:
-        seed_all(derive_seed(config.seed, "global"))
-    write_json(config.replace(device=str(device)).to_dict(), run_dir / "config.json")
-    metrics = MetricsLog(run_dir / "metrics.jsonl", keep_until=state.iteration)
+        state = load_last(
+            last_path, config, model, optimizer, scheduler, stream, dd.rank(), dd.world()
+        )
+    else:  # rank 0 (and a single process) uses the (seed, "global") stream
+        seed_all(derive_seed(config.seed, "global", dd.rank()))
+    step = dd.DataParallelStep(model, objective, device) if parallel else None
+    metrics = None
+    if main:
+        write_json(config.replace(device=str(device)).to_dict(), run_dir / "config.json")
+        metrics = MetricsLog(run_dir / "metrics.jsonl", keep_until=state.iteration)
     start_iteration, t0 = state.iteration, _now()
     budget_s = None if config.budget_minutes is None else 60.0 * config.budget_minutes
     val_period_s = None if config.val_every_minutes is None else 60.0 * config.val_every_minutes
+    clock = None  # with several ranks: the slowest rank's seconds since t0 (see below)
+    sync_clock = parallel and (budget_s is not None or val_period_s is not None)
     last_val_s = state.elapsed
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
+    def since_start() -> float:
+        return _now() - t0 if clock is None else clock
+
     def elapsed() -> float:
-        return state.elapsed + _now() - t0
+        return state.elapsed + since_start()
 
     def result(stopped: str, message: str) -> TrainResult:
         return TrainResult(
@@ -137,23 +167,28 @@ def train(
             return
         if not all(bool(torch.isfinite(p).all()) for p in params):
             raise diverged("parameters", float("nan"), state.iteration)
-        save_last(last_path, state, elapsed(), config, model, optimizer, scheduler, stream)
+        rng_ranks = dd.all_gather_objects(capture_rng_state()) if parallel else None
+        if main:
+            save_last(last_path, state, elapsed(), config, model, optimizer, scheduler, stream,
+                      rng_ranks)  # fmt: skip
+        state.saved_iteration = state.iteration
 
     def validate(done: int) -> float:
         nonlocal last_val_s
         last_val_s = elapsed()
         with isolated_rng(derive_seed(config.seed, "validation"), device):
-            val_nll = mean_nll(model, val_data, config.batch_size)
+            val_nll = distributed_mean_nll(model, val_data, config.batch_size)
         if math.isfinite(val_nll) and (state.best_val is None or val_nll < state.best_val):
             state.best_val, state.best_iteration = val_nll, done
             best = {"model": model.state_dict(), "iteration": done, "val_nll": val_nll}
-            atomic_save({**best, "config": config.to_dict()}, run_dir / "best.pt")
+            if main:
+                atomic_save({**best, "config": config.to_dict()}, run_dir / "best.pt")
         return val_nll
 
     bar = tqdm(
         total=config.iterations,
         initial=state.iteration,
-        disable=not progress,
+        disable=not (progress and main),
         desc=run_dir.name,
         dynamic_ncols=True,
     )
@@ -162,11 +197,15 @@ def train(
         while state.iteration < config.iterations:
             batch = stream.batch(state.iteration)
             optimizer.zero_grad(set_to_none=True)
-            loss, stats = objective(model, batch)
-            loss_value = float(loss.detach())
+            if step is None:
+                loss, stats = objective(model, batch)
+                loss_value = float(loss.detach())
+                if math.isfinite(loss_value):
+                    loss.backward()
+            else:  # DDP all-reduces the gradients; loss_value is the global batch's
+                loss_value, stats = step.loss_and_backward(batch, stream.fraction)
             if not math.isfinite(loss_value):
                 raise diverged("loss", loss_value, state.iteration + 1)
-            loss.backward()
             max_norm = math.inf if config.grad_clip is None else config.grad_clip
             # returns the norm before clipping, which is what we log
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
@@ -179,12 +218,14 @@ def train(
             state.iteration += 1
             state.last_loss = loss_value
             done, last = state.iteration, state.iteration == config.iterations
+            if sync_clock:  # time-based decisions must agree, or the ranks part ways
+                clock = dd.max_over_ranks(_now() - t0)
 
             # stop if one more step (at the mean pace) would overrun the budget
             out_of_budget = (
                 budget_s is not None
                 and not last
-                and (_now() - t0) * (1 + 1 / (done - start_iteration)) > budget_s
+                and since_start() * (1 + 1 / (done - start_iteration)) > budget_s
             )
             final = last or out_of_budget  # always log and validate the final iteration
             log_due = done % config.log_every == 0 or final
@@ -198,7 +239,8 @@ def train(
                 record = make_record(done, loss_value, stats, lr, grad_norm, elapsed())
                 if val_due:
                     record["val_nll"] = validate(done)
-                metrics.append(record)
+                if metrics is not None:
+                    metrics.append(record)
                 if callback is not None:
                     with isolated_rng(derive_seed(config.seed, "callback", done), device):
                         callback(done, model, record)
@@ -218,7 +260,8 @@ def train(
             message = f"done: {state.iteration}/{config.iterations} iterations"
     finally:
         bar.close()
-    if progress:
+    dd.barrier()  # rank 0's files are complete when train returns on any rank
+    if progress and main:
         tqdm.write(message)
     logger.info(message)
     return result(stopped, message)

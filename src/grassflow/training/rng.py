@@ -13,10 +13,15 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-__all__ = ["capture_rng_state", "derive_seed", "isolated_rng", "restore_rng_state", "seed_all"]
+__all__ = [
+    "capture_rng_state", "derive_seed", "isolated_rng", "restore_rng_state", "seed_all",
+    "seeded_init",
+]  # fmt: skip
 
 # stream names -> spawn keys, so the streams of one seed never overlap
-STREAMS = {"global": 0, "data": 1, "epoch": 2, "validation": 3, "callback": 4}
+STREAMS = {
+    "global": 0, "data": 1, "epoch": 2, "validation": 3, "callback": 4, "sample": 5, "init": 6,
+}  # fmt: skip
 
 
 def derive_seed(seed: int, stream: str, *keys: int) -> int:
@@ -88,3 +93,12 @@ def isolated_rng(seed: int, device: torch.device):
             with torch.cuda.device(devices[0]):
                 torch.cuda.manual_seed(seed)
         yield
+
+
+def seeded_init(seed: int):
+    """Context for building a model: its initial weights depend on ``seed`` only.
+
+    torch seeds its default generator randomly per process, so without this two runs with
+    the same config would start from different weights.
+    """
+    return isolated_rng(derive_seed(seed, "init"), torch.device("cpu"))

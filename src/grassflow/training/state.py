@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,9 +12,11 @@ from torch import nn
 from .batches import BatchStream
 from .checkpoint import FORMAT_VERSION, CheckpointError, atomic_save, load_checkpoint
 from .config import TrainConfig
-from .rng import capture_rng_state, restore_rng_state
+from .rng import capture_rng_state, derive_seed, restore_rng_state, seed_all
 
 __all__ = ["TrainState", "load_last", "make_optimizer", "save_last"]
+
+logger = logging.getLogger(__name__)
 
 _REQUIRED = ("iteration", "model", "optimizer", "scheduler", "rng", "data", "config")
 
@@ -65,8 +68,13 @@ def save_last(
     optimizer: torch.optim.Optimizer,
     scheduler,
     stream: BatchStream,
+    rng_ranks: list[dict] | None = None,
 ) -> None:
-    """Write everything needed to resume atomically to ``path`` and note it in ``state``."""
+    """Write everything needed to resume atomically to ``path`` and note it in ``state``.
+
+    ``rng_ranks``: every rank's ``capture_rng_state()`` in a multi-process run.
+    """
+    extra = {} if rng_ranks is None else {"rng_ranks": rng_ranks}
     atomic_save(
         {
             "format": FORMAT_VERSION,
@@ -81,6 +89,7 @@ def save_last(
             "rng": capture_rng_state(),
             "data": stream.state_dict(),
             "config": config.to_dict(),
+            **extra,
         },
         path,
     )
@@ -94,8 +103,14 @@ def load_last(
     optimizer: torch.optim.Optimizer,
     scheduler,
     stream: BatchStream,
+    rank: int = 0,
+    world: int = 1,
 ) -> TrainState:
     """Restore model, optimizer, schedule, data stream and RNGs from ``path``.
+
+    In a run of ``world`` processes, rank ``rank`` restores its own RNG state; if the
+    checkpoint was written by a different number of processes, ranks above 0 start fresh
+    streams seeded by ``(seed, rank, iteration)``.
 
     Raises:
         ValueError: ``config`` changes a trajectory field relative to the checkpoint.
@@ -123,7 +138,21 @@ def load_last(
         stream.load_state_dict(ckpt["data"])
     except (RuntimeError, ValueError, KeyError) as err:
         raise CheckpointError(f"checkpoint {path} does not fit this model/data: {err}") from err
-    restore_rng_state(ckpt["rng"])
+    ranks = ckpt.get("rng_ranks") or [ckpt["rng"]]
+    if len(ranks) == world:
+        restore_rng_state(ranks[rank])
+    else:
+        restore_rng_state(ckpt["rng"])  # rank 0's
+        if rank == 0:
+            logger.warning(
+                "%s was written by %d process(es), resumed by %d: the noise streams of "
+                "ranks > 0 start afresh",
+                path,
+                len(ranks),
+                world,
+            )
+        if rank > 0:
+            seed_all(derive_seed(config.seed, "global", rank, int(ckpt["iteration"])))
     return TrainState(
         iteration=int(ckpt["iteration"]),
         last_loss=ckpt.get("last_loss"),
