@@ -229,7 +229,7 @@ def table(res: dict) -> str:
         "| f32 vs f64 abs Δ log p |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for case in res["cases"]:
+    for case in sorted(res["cases"], key=lambda c: res["cases"][c]["series"] != "named"):
         tight, loose, f32 = agreement(res, case)
         for path in PATHS:
             timed = ("train", "train_hutch", "ll")
@@ -289,7 +289,9 @@ def plot(res: dict, path_png: Path) -> None:
     colors = {"fast": "C0", "kronecker": "C3", "ambient": "C2", "fast_f32": "C1"}
     styles = ["-", "--", ":", "-."]
     ks = sorted({e["k"] for e in res["cases"].values() if e["series"] == "scaling"})
-    for ax, task, title in zip(axes, ("train_hutch", "ll"), ("training iteration (Hutchinson)", "log-likelihood")):
+    for ax, task, title in zip(
+        axes, ("train_hutch", "ll"), ("training iteration (Hutchinson)", "log-likelihood")
+    ):
         for path in PATHS:
             for i, k in enumerate(ks):
                 pts = sorted(
@@ -325,7 +327,10 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"settings": asdict(s), "torch": torch.__version__, "cpu": platform.processor(),
             "cpus": os.cpu_count()}  # fmt: skip
     res = json.loads(json_path.read_text()) if json_path.exists() else {"meta": meta, "cases": {}}
-    if json.dumps(res["meta"]["settings"]) != json.dumps(asdict(s)):
+    # limits decide what is skipped, not what is measured, so a resume may change them
+    limits = ("timeout", "mem_gb")
+    old = {k: v for k, v in res["meta"]["settings"].items() if k not in limits}
+    if json.dumps(old) != json.dumps({k: v for k, v in asdict(s).items() if k not in limits}):
         sys.exit(f"{json_path} was made with other settings; use another --out or delete it")
     start = time.monotonic()
     print(f"settings: {asdict(s)}", flush=True)

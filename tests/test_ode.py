@@ -85,8 +85,9 @@ def a0(gen):
 
 
 # ------------------------------------------------------------------ building blocks
-def test_cayley_lowrank_matches_dense(gen):
-    Dn, r = 9, 3
+@pytest.mark.parametrize("r", [3, 6])  # 2r = 12 > D = 9 takes the dense branch
+def test_cayley_lowrank_matches_dense(gen, r):
+    Dn = 9
     A, Bm = (torch.randn(2, Dn, r, generator=gen, dtype=DT) for _ in range(2))
     U, V = torch.cat([A, -Bm], -1), torch.cat([Bm, A], -1)  # U V^T = A B^T - B A^T, skew
     S = U @ V.mT

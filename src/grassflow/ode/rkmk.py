@@ -56,8 +56,9 @@ def cayley_lowrank(U: Tensor, V: Tensor, Y: Tensor) -> Tensor:
     """``cay(S) Y = (I - S/2)^{-1} (I + S/2) Y`` for ``S = U V^T``, without D x D matrices.
 
     Uses Woodbury, ``(I - U V^T / 2)^{-1} = I + U (2 I - V^T U)^{-1} V^T``, so the cost is
-    O(D r (r + m)) plus one r x r solve. The result is orthogonal to Y only if ``U V^T`` is
-    skew-symmetric, which is the caller's responsibility.
+    O(D r (r + m)) plus one r x r solve. When the rank r exceeds D (late DOPRI5 stages have
+    r = 12k) the dense D x D solve is cheaper and is used instead. The result is orthogonal to
+    Y only if ``U V^T`` is skew-symmetric, which is the caller's responsibility.
 
     Args:
         U: ``(..., D, r)`` left factor.
@@ -67,8 +68,13 @@ def cayley_lowrank(U: Tensor, V: Tensor, Y: Tensor) -> Tensor:
     Returns:
         ``(..., D, m)``.
     """
+    D, r = U.shape[-2:]
+    if r > D:
+        half = 0.5 * (U @ V.mT)
+        eye = torch.eye(D, dtype=U.dtype, device=U.device)
+        return torch.linalg.solve(eye - half, Y + half @ Y)
     Z = Y + 0.5 * (U @ (V.mT @ Y))
-    eye = torch.eye(U.shape[-1], dtype=U.dtype, device=U.device)
+    eye = torch.eye(r, dtype=U.dtype, device=U.device)
     return Z + U @ torch.linalg.solve(2.0 * eye - V.mT @ U, V.mT @ Z)
 
 
