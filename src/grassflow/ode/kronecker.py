@@ -45,26 +45,11 @@ References:
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from ..manifolds import Grassmann
-from .rkmk import (
-    _A,
-    _B,
-    _C,
-    _E,
-    _MAX_FACTOR,
-    _MIN_FACTOR,
-    _ORDER,
-    _SAFETY,
-    Dynamics,
-    _initial_step,
-    _rms,
-    _time,
-)
+from .rkmk import _A, _B, _C, _E, Dynamics, _time, adaptive_dopri5
 
 __all__ = ["inv_retr_jacobian", "kron", "solve_kronecker", "vec"]
 
@@ -162,68 +147,19 @@ def solve_kronecker(
     a0: Tensor,
     t0: float,
     t1: float,
-    *,
-    atol: float,
-    rtol: float,
-    max_steps: int,
-    first_step: float | None,
+    **options,
 ) -> tuple[Tensor, Tensor, dict]:
     """Adaptive DOPRI5 in re-centred Cayley charts from t0 to t1 (either direction). Inputs are
     validated by :func:`grassflow.ode.odeint_grassmann`, which documents the arguments.
 
     Controller, error norm and statistics are those of :func:`~grassflow.ode.rkmk.
-    solve_cayley_rkmk`; backprop goes through the accepted steps.
+    solve_cayley_rkmk` (the shared :func:`~grassflow.ode.rkmk.adaptive_dopri5`); each accepted
+    step re-centres the chart at the new point (xi, rho <- 0); backprop goes through the
+    accepted steps.
     """
-    stats = {"nfe": 0, "steps": 0, "rejected": 0}
-    if t0 == t1:
-        return Y0, a0, stats
     gr = Grassmann(Y0.shape[-1], Y0.shape[-2])
-    X, r = dynamics(_time(t0, Y0), Y0)
-    stats["nfe"] += 1
-    batch = Y0.shape[:-2]
-    if tuple(X.shape) != tuple(Y0.shape) or tuple(r.shape) != tuple(batch):
-        raise ValueError(
-            f"dynamics must return X of shape {tuple(Y0.shape)} and r of shape {tuple(batch)}, "
-            f"got {tuple(X.shape)} and {tuple(r.shape)}"
-        )
-    if not (torch.isfinite(X).all() and torch.isfinite(r).all()):
-        raise RuntimeError(f"dynamics returned non-finite values at t0={t0:.6g}")
-    if first_step is None:
-        h = _initial_step(dynamics, t0, t1, Y0, a0, X, r, atol, rtol)
-        stats["nfe"] += 1
-    else:
-        h = min(first_step, abs(t1 - t0))
-    sign, span = math.copysign(1.0, t1 - t0), abs(t1 - t0)
-    tiny = 10.0 * torch.finfo(Y0.dtype).eps
-    t, Y, a = t0, Y0, a0
-    last_nonfinite = False
-    while sign * (t1 - t) > 0.0:
-        if stats["steps"] + stats["rejected"] >= max_steps:
-            raise RuntimeError(
-                f"kronecker: max_steps={max_steps} exceeded at t={t:.6g} on the way from "
-                f"{t0:.6g} to {t1:.6g} (step size {h:.3g}); loosen atol/rtol or raise max_steps"
-            )
-        if not h > tiny * max(abs(t), span):
-            why = "; the state or the dynamics became non-finite" if last_nonfinite else ""
-            raise RuntimeError(f"kronecker: step size underflow ({h:.3g}) at t={t:.6g}{why}")
-        last = h >= abs(t1 - t)
-        h_signed = (t1 - t) if last else sign * h
-        t_end = t1 if last else t + h_signed
-        Y_new, a_new, X_new, r_new, err_Y, err_a = _step(
-            dynamics, gr, t, t_end, h_signed, Y, a, X, r
-        )
-        stats["nfe"] += 6
-        with torch.no_grad():
-            sY = atol + rtol * torch.maximum(Y.abs(), Y_new.abs())
-            sa = atol + rtol * torch.maximum(a.abs(), a_new.abs())
-            ratio = torch.maximum(_rms(err_Y / sY), _rms(err_a / sa)).item()
-        last_nonfinite = not math.isfinite(ratio)
-        if ratio <= 1.0:  # accept and re-centre the chart at the new point (xi, rho <- 0)
-            t, Y, a, X, r = t_end, Y_new, a_new, X_new, r_new
-            stats["steps"] += 1
-            factor = _MAX_FACTOR if ratio == 0.0 else _SAFETY * ratio ** (-1.0 / _ORDER)
-        else:
-            stats["rejected"] += 1
-            factor = _MIN_FACTOR if last_nonfinite else _SAFETY * ratio ** (-1.0 / _ORDER)
-        h = abs(h_signed) * min(_MAX_FACTOR, max(_MIN_FACTOR, factor))
-    return Y, a, stats
+
+    def step(t, t_end, h, Y, a, X, r):
+        return _step(dynamics, gr, t, t_end, h, Y, a, X, r)
+
+    return adaptive_dopri5(step, "kronecker", dynamics, Y0, a0, t0, t1, **options)

@@ -157,7 +157,9 @@ def _initial_step(dynamics: Dynamics, t0: float, t1: float, Y, a, X, r, atol, rt
     return min(100.0 * h0, h1, span)
 
 
-def solve_cayley_rkmk(
+def adaptive_dopri5(
+    step: Callable,
+    name: str,
     dynamics: Dynamics,
     Y0: Tensor,
     a0: Tensor,
@@ -169,14 +171,15 @@ def solve_cayley_rkmk(
     max_steps: int,
     first_step: float | None,
 ) -> tuple[Tensor, Tensor, dict]:
-    """Adaptive DOPRI5 Cayley-RKMK from t0 to t1 (either direction). Inputs are validated by
-    :func:`grassflow.ode.odeint_grassmann`, which documents the arguments.
+    """The adaptive DOPRI5 driver shared by the Grassmann solvers (``name`` for messages).
 
-    One step size serves the whole batch. The error ratio is the larger of the RMS norms of
-    the point error and the accumulator error, each divided entrywise by
-    ``atol + rtol max(|old|, |new|)`` (torchdiffeq's mixed norm, so the single accumulator
-    entry per sample is not drowned by the D k entries of Y). Step-size arithmetic uses
-    detached Python floats; accepted states stay in the autograd graph.
+    ``step(t, t_end, h, Y, a, X, r) -> (Y_new, a_new, X_new, r_new, err_Y, err_a)`` is one
+    step of signed size h given the dynamics ``(X, r)`` at ``(t, Y)``. One step size serves
+    the whole batch. The error ratio is the larger of the RMS norms of the point error and
+    the accumulator error, each divided entrywise by ``atol + rtol max(|old|, |new|)``
+    (torchdiffeq's mixed norm, so the single accumulator entry per sample is not drowned by
+    the D k entries of Y). Step-size arithmetic uses detached Python floats; accepted states
+    stay in the autograd graph.
     """
     stats = {"nfe": 0, "steps": 0, "rejected": 0}
     if t0 == t1:
@@ -203,16 +206,16 @@ def solve_cayley_rkmk(
     while sign * (t1 - t) > 0.0:
         if stats["steps"] + stats["rejected"] >= max_steps:
             raise RuntimeError(
-                f"cayley_rkmk: max_steps={max_steps} exceeded at t={t:.6g} on the way from "
+                f"{name}: max_steps={max_steps} exceeded at t={t:.6g} on the way from "
                 f"{t0:.6g} to {t1:.6g} (step size {h:.3g}); loosen atol/rtol or raise max_steps"
             )
         if not h > tiny * max(abs(t), span):
             why = "; the state or the dynamics became non-finite" if last_nonfinite else ""
-            raise RuntimeError(f"cayley_rkmk: step size underflow ({h:.3g}) at t={t:.6g}{why}")
+            raise RuntimeError(f"{name}: step size underflow ({h:.3g}) at t={t:.6g}{why}")
         last = h >= abs(t1 - t)
         h_signed = (t1 - t) if last else sign * h
         t_end = t1 if last else t + h_signed
-        Y_new, a_new, X_new, r_new, err_Y, err_a = _step(dynamics, t, t_end, h_signed, Y, a, X, r)
+        Y_new, a_new, X_new, r_new, err_Y, err_a = step(t, t_end, h_signed, Y, a, X, r)
         stats["nfe"] += 6
         with torch.no_grad():
             sY = atol + rtol * torch.maximum(Y.abs(), Y_new.abs())
@@ -228,3 +231,22 @@ def solve_cayley_rkmk(
             factor = _MIN_FACTOR if last_nonfinite else _SAFETY * ratio ** (-1.0 / _ORDER)
         h = abs(h_signed) * min(_MAX_FACTOR, max(_MIN_FACTOR, factor))
     return Y, a, stats
+
+
+def solve_cayley_rkmk(
+    dynamics: Dynamics,
+    Y0: Tensor,
+    a0: Tensor,
+    t0: float,
+    t1: float,
+    **options,
+) -> tuple[Tensor, Tensor, dict]:
+    """Adaptive DOPRI5 Cayley-RKMK from t0 to t1 (either direction). Inputs are validated by
+    :func:`grassflow.ode.odeint_grassmann`, which documents the arguments (``options``:
+    atol, rtol, max_steps, first_step); the controller is :func:`adaptive_dopri5`.
+    """
+
+    def step(t, t_end, h, Y, a, X, r):
+        return _step(dynamics, t, t_end, h, Y, a, X, r)
+
+    return adaptive_dopri5(step, "cayley_rkmk", dynamics, Y0, a0, t0, t1, **options)
