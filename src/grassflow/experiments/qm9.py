@@ -254,6 +254,10 @@ def _once(fn):
     return wrapped
 
 
+def _mean_sem(name: str, x: Tensor) -> dict[str, float]:
+    return {name: x.mean().item(), f"{name}_sem": (x.std() / len(x) ** 0.5).item()}
+
+
 def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) -> dict:
     """Test NLL of the exact model, -ELBO and IWAE NLL of the paper's (nats per molecule,
     54-D centred coordinates), and the distance JSD of both models' samples."""
@@ -287,20 +291,14 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) 
     X_paper = sample_molecules(m, n_samples, exp.seed, model="paper").numpy()
     nll = -t["log_p"]
 
-    def mean_sem(x: Tensor) -> tuple[float, float]:
-        return x.mean().item(), (x.std() / len(x) ** 0.5).item()
-
     result = {
-        "test_nll": mean_sem(nll)[0],
-        "test_nll_sem": mean_sem(nll)[1],
+        **_mean_sem("test_nll", nll),
         "test_nll_grassmann": -t["log_p_gr"].mean().item(),
         "test_nll_eigenvalues": -t["log_p_lam"].mean().item(),
         "mean_log_jacobian": t["log_jac"].mean().item(),
         "uniform_nll_grassmann": m.flow.manifold.log_volume(),
-        "paper_neg_elbo": mean_sem(-t["elbo"])[0],
-        "paper_neg_elbo_sem": mean_sem(-t["elbo"])[1],
-        "paper_nll_iwae": mean_sem(-t["iwae"])[0],
-        "paper_nll_iwae_sem": mean_sem(-t["iwae"])[1],
+        **_mean_sem("paper_neg_elbo", -t["elbo"]),
+        **_mean_sem("paper_nll_iwae", -t["iwae"]),
         "jsd": jsd(distance_histogram(X), train_hist),
         "paper_jsd": jsd(distance_histogram(X_paper), train_hist),
         "jsd_test_data": jsd(distance_histogram((H @ P["test"]).numpy()), train_hist),

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .layers import fc_trunk
+from .layers import check_representative, fc_trunk
 
 __all__ = ["EigenvalueDensity", "eigenvalues_to_log_gaps", "log_gaps_to_eigenvalues"]
 
@@ -139,12 +139,7 @@ class EigenvalueDensity(nn.Module):
 
     def _params(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``Y (..., n, k)`` -> mean ``(..., k)``, log-diag ``(..., k)``, L ``(..., k, k)``."""
-        if not isinstance(Y, Tensor) or not Y.is_floating_point():
-            raise ValueError("Y must be a floating-point torch.Tensor")
-        if Y.dim() < 2 or Y.shape[-2:] != (self.n, self.k):
-            raise ValueError(f"Y must have shape (..., {self.n}, {self.k}), got {tuple(Y.shape)}")
-        if not torch.isfinite(Y).all():
-            raise ValueError("Y contains NaN or inf")
+        check_representative(Y, self.n, self.k)
         batch, k = Y.shape[:-2], self.k
         # BatchNorm1d wants (N, C): run the trunk on the flattened batch
         out = self.head(self.trunk(Y.reshape(-1, self.n * k))).reshape(*batch, -1)

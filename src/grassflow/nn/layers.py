@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ConcatSquash", "HorP", "fc_trunk", "scale_init_"]
+__all__ = ["ConcatSquash", "HorP", "check_representative", "fc_trunk", "scale_init_"]
 
 
 class HorP(nn.Module):
@@ -78,3 +78,13 @@ def fc_trunk(width: int, hidden: tuple[int, ...], norm: str | None) -> nn.Sequen
         layers.append(nn.SiLU())
         width = h
     return nn.Sequential(*layers)
+
+
+def check_representative(Y: Tensor, n: int, k: int) -> None:
+    """Raise ``ValueError`` unless ``Y`` is a finite floating-point ``(..., n, k)`` tensor."""
+    if not isinstance(Y, Tensor) or not Y.is_floating_point():
+        raise ValueError("Y must be a floating-point torch.Tensor")
+    if Y.dim() < 2 or Y.shape[-2:] != (n, k):
+        raise ValueError(f"Y must have shape (..., {n}, {k}), got {tuple(Y.shape)}")
+    if not torch.isfinite(Y).all():
+        raise ValueError("Y contains NaN or inf")

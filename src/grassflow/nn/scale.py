@@ -29,18 +29,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .layers import fc_trunk
+from .layers import check_representative, fc_trunk
 
 __all__ = ["GramDecoder", "ScaleEstimator"]
-
-
-def _check_Y(Y: Tensor, n: int, k: int) -> None:
-    if not isinstance(Y, Tensor) or not Y.is_floating_point():
-        raise ValueError("Y must be a floating-point torch.Tensor")
-    if Y.dim() < 2 or Y.shape[-2:] != (n, k):
-        raise ValueError(f"Y must have shape (..., {n}, {k}), got {tuple(Y.shape)}")
-    if not torch.isfinite(Y).all():
-        raise ValueError("Y contains NaN or inf")
 
 
 class ScaleEstimator(nn.Module):
@@ -81,7 +72,7 @@ class ScaleEstimator(nn.Module):
                 self.head.bias.copy_(init_scale)
 
     def forward(self, Y: Tensor) -> Tensor:
-        _check_Y(Y, self.n, self.k)
+        check_representative(Y, self.n, self.k)
         out = self.head(self.trunk(Y.reshape(-1, self.n * self.k)))
         return (torch.relu(out) + self.floor).reshape(*Y.shape[:-2], self.k)
 
