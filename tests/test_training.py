@@ -92,14 +92,6 @@ def assert_identical(a, b):
         assert torch.equal(a[key], b[key]), key
 
 
-# ------------------------------------------------------------------ the toy model
-def test_watson_is_normalized():
-    model = Watson(kappa=3.0)
-    # int_0^1 exp(k t^2) dt = sum_n k^n / (n! (2n + 1))
-    series = sum(3.0**n / (math.factorial(n) * (2 * n + 1)) for n in range(60))
-    assert model.log_norm().item() == pytest.approx(math.log(2 * math.pi * series), rel=1e-12)
-
-
 # ------------------------------------------------------------------------ config
 def test_config_json_round_trip():
     for cfg in (config(lr_step=7, grad_clip=1.5, budget_minutes=2.5), PAPER_TEXTURES):
@@ -250,6 +242,105 @@ def test_budget_stop_checkpoints_and_resumes(tmp_path, monkeypatch):
     result = train(model, data, cfg, tmp_path / "run", resume=True, progress=False)
     assert result.stopped == "done" and result.iterations == 60
     assert_identical(params(model), params(ref))
+
+
+class Clock:
+    """A clock under the test's control: ``tick`` advances it by ``step`` seconds.
+
+    ``objective`` ticks once per training step, so every step takes ``step`` seconds.
+    """
+
+    def __init__(self, step=1.3):
+        self.t, self.step = 0.0, step
+
+    def __call__(self):
+        return self.t
+
+    def objective(self, model, batch):
+        self.t += self.step
+        return nll_objective(model, batch)
+
+
+def test_total_budget_is_spent_once_whatever_the_pace(tmp_path, monkeypatch):
+    # catches: a rerun with the same total budget training again, i.e. a resume that depends
+    # on how fast the machine happens to be (the run stops a little before its budget)
+    data, run = dataset(50), tmp_path / "run"
+
+    def go(budget, step):
+        clock = Clock(step)
+        monkeypatch.setattr(loop_module, "_now", clock)
+        model = Watson()
+        cfg = config(iterations=1000, total_budget_minutes=budget)
+        result = train(model, data, cfg, run, resume=run.exists(), objective=clock.objective,
+                       progress=False)  # fmt: skip
+        return result, model
+
+    first, _ = go(0.5, 1.3)  # 1.3 s a step: stops at step 23, 29.9 s, just under 30 s
+    assert first.stopped == "budget" and "total budget of 0.5" in first.message
+    assert first.iterations == 23 and first.elapsed < 30.0
+    saved = load_checkpoint(run / "last.pt")
+    assert saved["iteration"] == 23 and saved["spent_total_budget"] == 0.5
+
+    # a much faster machine, the same total: no step, and last.pt is left as it was
+    again, model = go(0.5, 1e-3)
+    assert again.stopped == "budget" and again.iterations == 23 and "already spent" in again.message
+    assert_identical(params(model), saved["model"])
+    assert load_checkpoint(run / "last.pt")["iteration"] == 23
+    assert go(0.1, 1e-3)[0].iterations == 23  # nor with a smaller total
+
+    # a larger total continues from where the run stopped
+    more, _ = go(1.0, 1.3)
+    assert more.stopped == "budget" and more.iterations == 46  # 23 + 23 steps: 59.8 s
+
+
+def test_total_and_invocation_budgets_together(tmp_path, monkeypatch):
+    # catches: the per-invocation budget being taken for the run's total, or vice versa
+    data, run = dataset(50), tmp_path / "run"
+    cfg = config(iterations=1000, budget_minutes=0.2, total_budget_minutes=0.5)
+    done = []
+    for _ in range(4):
+        clock = Clock(1.0)
+        monkeypatch.setattr(loop_module, "_now", clock)
+        result = train(Watson(), data, cfg, run, resume=run.exists(), objective=clock.objective,
+                       progress=False)  # fmt: skip
+        done.append((result.iterations, result.message))
+    # 12 steps of 1 s fill 12 s; then 12 more; then the 30 s total leaves 6; then none
+    assert [n for n, _ in done] == [12, 24, 30, 30]
+    assert "wall-clock budget of 0.2" in done[0][1] and "total budget of 0.5" in done[2][1]
+
+
+def test_progress_bar_counts_the_budget(tmp_path, monkeypatch, capsys):
+    # catches: a budgeted run showing iterations out of an unreachable total (ETA of days)
+    clock = Clock(1.0)
+    monkeypatch.setattr(loop_module, "_now", clock)
+    cfg = config(iterations=100_000, budget_minutes=0.25, log_every=1000)
+    train(Watson(), dataset(50), cfg, tmp_path, objective=clock.objective, progress=True)
+    err = capsys.readouterr().err
+    assert "/15 s budget" in err and "100000" not in err.split("it=")[0]
+    assert "it=" in err and "/100000" in err
+    bar = loop_module._progress_bar(cfg, 0, 15.0, "x", enabled=True)
+    assert bar.total == 15.0 and bar.unit == "s"
+    bar.close()
+    bar = loop_module._progress_bar(cfg, 7, None, "x", enabled=True)
+    assert bar.total == 100_000 and bar.n == 7
+    bar.close()
+
+
+class InfOnVal(Watson):
+    """Finite in training mode, -inf log-density in eval mode (validation)."""
+
+    def log_prob(self, Y):
+        lp = super().log_prob(Y)
+        return lp if self.training else lp - float("inf")
+
+
+def test_non_finite_validation_is_divergence(tmp_path):
+    # catches: a NaN/inf validation NLL being skipped (written as null) while training goes on
+    with pytest.raises(TrainingDiverged, match="non-finite validation NLL") as info:
+        train(InfOnVal(), dataset(50), config(val_every=5, checkpoint_every=5), tmp_path,
+              val_data=dataset(20, 1), progress=False)  # fmt: skip
+    assert info.value.result.stopped == "diverged"
+    assert not (tmp_path / "best.pt").exists()
 
 
 def test_grad_clip_limits_the_norm(tmp_path):

@@ -59,7 +59,12 @@ class TrainConfig:
             the last evaluation (suits budgeted runs whose pace is unknown); None = off. Which
             iterations get validated then depends on the machine, so ``best.pt`` can too.
         checkpoint_every: write ``last.pt`` every this many iterations.
-        budget_minutes: wall-clock budget of one invocation; None = unlimited.
+        budget_minutes: wall-clock budget of one invocation; None = unlimited. Each rerun
+            with ``resume=True`` trains for up to this long again (e.g. one SLURM allocation).
+        total_budget_minutes: wall-clock budget of the whole run, summed over invocations;
+            None = unlimited. A run stopped by it records so in ``last.pt``, and a rerun with
+            the same or a smaller total trains no further, whatever the machine's speed; a
+            larger total continues it. Sweeps use this one.
         device: ``"auto"`` (cuda if available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         dtype: ``"float32"`` or ``"float64"``; model and data are cast to it.
     """
@@ -79,6 +84,7 @@ class TrainConfig:
     val_every_minutes: float | None = None
     checkpoint_every: int = 500
     budget_minutes: float | None = None
+    total_budget_minutes: float | None = None
     device: str = "auto"
     dtype: str = "float32"
 
@@ -111,7 +117,7 @@ class TrainConfig:
             raise ValueError(f"grad_clip must be a positive number or None, got {self.grad_clip!r}")
         if not (_is_int(self.seed) and self.seed >= 0):
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("budget_minutes", "val_every_minutes"):
+        for name in ("budget_minutes", "total_budget_minutes", "val_every_minutes"):
             value = getattr(self, name)
             if value is not None and not (_is_real(value) and value > 0):
                 raise ValueError(f"{name} must be > 0 or None, got {value!r}")

@@ -125,7 +125,7 @@ def train(
         write_json(config.replace(device=str(device)).to_dict(), run_dir / "config.json")
         metrics = MetricsLog(run_dir / "metrics.jsonl", keep_until=state.iteration)
     start_iteration, t0 = state.iteration, _now()
-    budget_s = None if config.budget_minutes is None else 60.0 * config.budget_minutes
+    budget_s, by_total = _invocation_limit(config, state)
     val_period_s = None if config.val_every_minutes is None else 60.0 * config.val_every_minutes
     clock = None  # with several ranks: the slowest rank's seconds since t0 (see below)
     sync_clock = parallel and (budget_s is not None or val_period_s is not None)
@@ -178,20 +178,25 @@ def train(
         last_val_s = elapsed()
         with isolated_rng(derive_seed(config.seed, "validation"), device):
             val_nll = distributed_mean_nll(model, val_data, config.batch_size)
-        if math.isfinite(val_nll) and (state.best_val is None or val_nll < state.best_val):
+        if not math.isfinite(val_nll):  # a model that gives up on held-out data has diverged
+            raise diverged("validation NLL", val_nll, done)
+        if state.best_val is None or val_nll < state.best_val:
             state.best_val, state.best_iteration = val_nll, done
             best = {"model": model.state_dict(), "iteration": done, "val_nll": val_nll}
             if main:
                 atomic_save({**best, "config": config.to_dict()}, run_dir / "best.pt")
         return val_nll
 
-    bar = tqdm(
-        total=config.iterations,
-        initial=state.iteration,
-        disable=not (progress and main),
-        desc=run_dir.name,
-        dynamic_ncols=True,
-    )
+    if budget_s is not None and budget_s <= 0 and state.iteration < config.iterations:
+        message = (
+            f"total budget of {config.total_budget_minutes:g} min already spent "
+            f"({state.elapsed / 60:.2f} min, {state.iteration} iterations): nothing to train; "
+            "raise total_budget_minutes to continue"
+        )
+        logger.info(message)
+        return result("budget", message)
+    state.spent_total_budget = None  # set again if this invocation's total budget runs out
+    bar = _progress_bar(config, state.iteration, budget_s, run_dir.name, progress and main)
     stopped, message = "done", ""
     try:
         while state.iteration < config.iterations:
@@ -244,16 +249,24 @@ def train(
                 if callback is not None:
                     with isolated_rng(derive_seed(config.seed, "callback", done), device):
                         callback(done, model, record)
-            bar.update(1)
-            bar.set_postfix(_postfix(loss_value, stats, lr, state.best_val), refresh=False)
+            bar.update(1 if budget_s is None else min(since_start(), budget_s) - bar.n)
+            postfix = _postfix(loss_value, stats, lr, state.best_val)
+            if budget_s is not None:
+                postfix = {"it": f"{done}/{config.iterations}", **postfix}
+            bar.set_postfix(postfix, refresh=False)
+            if out_of_budget:
+                # recorded in last.pt, so a rerun with the same total does not train again
+                state.spent_total_budget = config.total_budget_minutes if by_total else None
             if done % config.checkpoint_every == 0 or final:
                 checkpoint()
             if out_of_budget:
                 stopped = "budget"
+                which = (f"total budget of {config.total_budget_minutes:g}" if by_total
+                         else f"wall-clock budget of {config.budget_minutes:g}")  # fmt: skip
                 message = (
-                    f"wall-clock budget of {config.budget_minutes:g} min reached at "
-                    f"iteration {done}/{config.iterations}; saved {last_path}; "
-                    "rerun with resume=True to continue"
+                    f"{which} min reached at iteration {done}/{config.iterations} "
+                    f"({elapsed() / 60:.2f} min trained); saved {last_path}; "
+                    "rerun with resume=True (and a larger budget) to continue"
                 )
                 break
         else:
@@ -265,6 +278,36 @@ def train(
         tqdm.write(message)
     logger.info(message)
     return result(stopped, message)
+
+
+def _invocation_limit(config: TrainConfig, state: TrainState) -> tuple[float | None, bool]:
+    """Seconds this invocation may train (None: unlimited) and whether the run's total
+    budget, rather than the per-invocation one, sets that limit."""
+    budget_s = None if config.budget_minutes is None else 60.0 * config.budget_minutes
+    total = config.total_budget_minutes
+    if total is None:
+        return budget_s, False
+    spent = state.spent_total_budget is not None and total <= state.spent_total_budget
+    left_s = 0.0 if spent else 60.0 * total - state.elapsed
+    if budget_s is not None and budget_s < left_s:
+        return budget_s, False
+    return left_s, True
+
+
+def _progress_bar(
+    config: TrainConfig, iteration: int, limit_s: float | None, name: str, enabled: bool
+) -> tqdm:
+    """Counts iterations, or, when a wall-clock budget bounds the run, seconds of that budget,
+    so that the ETA is the budget's end rather than that of ``config.iterations``."""
+    common = {"disable": not enabled, "desc": name, "dynamic_ncols": True}
+    if limit_s is None:
+        return tqdm(total=config.iterations, initial=iteration, **common)
+    return tqdm(
+        total=round(limit_s, 1),
+        unit="s",
+        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s budget [{elapsed}<{remaining}{postfix}]",
+        **common,
+    )
 
 
 def _is_doubling(iteration: int, start: int | None) -> bool:

@@ -31,6 +31,8 @@ class TrainState:
         best_val, best_iteration: best validation NLL and when it was reached.
         elapsed: training seconds of earlier invocations.
         saved_iteration: iteration stored in ``last.pt`` (None if not written yet).
+        spent_total_budget: the ``total_budget_minutes`` that stopped the run, if it did; a
+            rerun with a total no larger than this trains no further.
     """
 
     iteration: int = 0
@@ -39,6 +41,7 @@ class TrainState:
     best_iteration: int | None = None
     elapsed: float = 0.0
     saved_iteration: int | None = None
+    spent_total_budget: float | None = None
 
 
 def make_optimizer(
@@ -83,6 +86,7 @@ def save_last(
             "best_val": state.best_val,
             "best_iteration": state.best_iteration,
             "elapsed": elapsed,
+            "spent_total_budget": state.spent_total_budget,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": None if scheduler is None else scheduler.state_dict(),
@@ -160,4 +164,5 @@ def load_last(
         best_iteration=ckpt.get("best_iteration"),
         elapsed=float(ckpt.get("elapsed", 0.0)),
         saved_iteration=int(ckpt["iteration"]),
+        spent_total_budget=ckpt.get("spent_total_budget"),
     )
