@@ -36,6 +36,8 @@ from grassflow.training import (
     train,
 )
 from grassflow.training import distributed as dd
+from grassflow.training.flow_matching import flow_matching_losses
+from grassflow.training.rng import derive_seed
 
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GRASSFLOW_DIST_TIMEOUT_S": "60"}
@@ -53,15 +55,13 @@ def points(n: int, seed: int) -> torch.Tensor:
 
 
 def fm_fixed(model, batch):
-    """Flow matching with the prior point and time a function of the data point.
+    """The library's flow-matching loss with the prior point and time a function of the data.
 
     Any sharding of a batch then regresses the same pairs, so gradients must agree exactly.
     """
     Y0 = torch.nn.functional.normalize(batch + batch.new_tensor([[0.3], [-0.5], [0.8]]), dim=-2)
     s = (batch.sum(dim=(-2, -1)) * 7.3).frac().abs()
-    Ys, us = model.manifold.geodesic(Y0, batch, s)
-    v = model.T * model.field(s * model.T, Ys)
-    return (v - us).square().sum(dim=(-2, -1)).mean(), {"nfe": 0}
+    return flow_matching_losses(model, Y0, batch, s).mean(), {"nfe": 0}
 
 
 def fm_recording(model, batch):
@@ -79,7 +79,7 @@ def config(**changes) -> TrainConfig:
     return TrainConfig(**{**base, **changes})
 
 
-def run_training(run_dir: Path, objective=None, **changes) -> dict:
+def run_training(run_dir: Path, objective=None, resume=False, **changes) -> dict:
     """Train ``tiny_flow`` on 21 points (batches 8, 8, 5); gradients and losses per step."""
     seen = {}
 
@@ -89,9 +89,10 @@ def run_training(run_dir: Path, objective=None, **changes) -> dict:
 
     model = tiny_flow()
     kwargs = {} if objective is None else {"objective": objective}
-    train(model, points(21, 1), config(**changes), run_dir, val_data=points(6, 2),
-          progress=False, callback=callback, **kwargs)  # fmt: skip
-    return {"steps": seen, "params": {k: v.clone() for k, v in model.state_dict().items()}}
+    r = train(model, points(21, 1), config(**changes), run_dir, val_data=points(6, 2),
+              progress=False, callback=callback, resume=resume, **kwargs)  # fmt: skip
+    return {"steps": seen, "params": {k: v.clone() for k, v in model.state_dict().items()},
+            "iterations": r.iterations}  # fmt: skip
 
 
 def evaluation() -> dict:
@@ -129,6 +130,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     r = train(model, points(21, 1), config(iterations=4), out / "resumed", resume=True,
               objective=flow_matching_objective, progress=False)  # fmt: skip
     result["resumed"] = {"params": model.state_dict(), "iterations": r.iterations}
+    # another number of processes: 2 -> 1 (resumed by the test itself) and 1 -> 2
+    run_training(out / "to1", fm_fixed, iterations=2)
+    result["from1"] = run_training(out / "from1", fm_fixed, resume=True, iterations=4)
     with pytest.raises(ValueError, match="divisible by the 2 processes"):
         train(tiny_flow(), points(21, 1), config(batch_size=7), out / "odd", progress=False)
     torch.save(result, out / f"rank{rank}.pt")
@@ -144,6 +148,12 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # module fixtures run before conftest's
+    try:  # a one-process checkpoint (iteration 2) for the workers to resume with 2 processes
+        run_training(out / "from1", fm_fixed, iterations=2)
+    finally:
+        torch.set_default_dtype(old)
     mp.spawn(_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)], out
 
@@ -188,15 +198,28 @@ def test_two_processes_follow_the_global_batch_gradient(two_ranks, tmp_path, cas
 
 
 def test_two_process_evaluation_equals_one_process(two_ranks):
+    # catches chunks solved on the wrong rank, gathered out of order, or summed twice; the
+    # reference is plain model calls on the same chunks of 3, not the distributed_* functions
     ranks, _ = two_ranks
-    ref = evaluation()
+    model = tiny_flow().eval()
+    Y, Y0 = points(10, 3), model.sample_prior(7, torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        log_prob = torch.cat([model.log_prob(chunk) for chunk in Y.split(3)])
+        transport = torch.cat([model.transport_forward(chunk) for chunk in Y0.split(3)])
+        # distributed_sample's contract for 2 ranks: shares of 3 and 2, generator (0, rank)
+        shares = [model.sample_with_log_prob(m, torch.Generator().manual_seed(
+            derive_seed(0, "sample", r))) for r, m in enumerate((3, 2))]  # fmt: skip
+        one_process = model.sample_with_log_prob(5, torch.Generator().manual_seed(0))
+    ref = {"log_prob": log_prob, "mean_nll": -log_prob.sum().item() / 10,
+           "transport": transport, "sample": torch.cat([Ys for Ys, _ in shares]),
+           "sample_log_prob": torch.cat([logp for _, logp in shares])}  # fmt: skip
     for got in ranks:  # gathered on every rank, in the original order
-        for key in ("log_prob", "mean_nll", "transport"):
-            torch.testing.assert_close(got["eval"][key], ref[key], rtol=1e-12, atol=1e-12)
-        assert got["eval"]["sample"].shape == (5, 3, 1)
-        torch.testing.assert_close(got["eval"]["sample"], ranks[0]["eval"]["sample"])
+        assert got["eval"].keys() == ref.keys()
+        for key, value in ref.items():
+            torch.testing.assert_close(got["eval"][key], value, rtol=1e-12, atol=1e-12,
+                                       msg=key)  # fmt: skip
     # samples come from per-rank generators: reproducible for N ranks, not the 1-rank ones
-    assert not torch.allclose(ranks[0]["eval"]["sample"], ref["sample"])
+    assert not torch.allclose(ranks[0]["eval"]["sample"], one_process[0])
 
 
 def test_noise_is_drawn_per_rank(two_ranks, tmp_path):
@@ -217,6 +240,31 @@ def test_two_processes_resume_bit_exactly(two_ranks):
         for key, value in got["straight"]["params"].items():
             assert torch.equal(got["resumed"]["params"][key], value), key
     assert [r["iteration"] for r in read_metrics(out / "resumed" / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("direction", ["2 -> 1", "1 -> 2"])
+def test_resume_with_another_number_of_processes(two_ranks, tmp_path, direction):
+    # catches a resume that restarts at 0, skips or repeats steps, or drops the optimizer
+    # state when N changes: fm_fixed's gradient does not depend on N or on the RNG, so the
+    # resumed run must follow the one-process run that never stopped
+    ranks, out = two_ranks
+    straight = run_training(tmp_path / "straight", fm_fixed, iterations=4)
+    if direction == "2 -> 1":
+        shutil.copytree(out / "to1", tmp_path / "run")
+        assert load_checkpoint(tmp_path / "run" / "last.pt")["iteration"] == 2
+        assert len(load_checkpoint(tmp_path / "run" / "last.pt")["rng_ranks"]) == 2
+        resumed, run_dir = [run_training(tmp_path / "run", fm_fixed, resume=True,
+                                         iterations=4)], tmp_path / "run"  # fmt: skip
+    else:
+        resumed, run_dir = [r["from1"] for r in ranks], out / "from1"
+    for got in resumed:
+        assert got["iterations"] == 4
+        assert sorted(got["steps"]) == [3, 4]  # starts at the checkpoint's iteration
+        for i in (3, 4):
+            assert_close_dicts(got["steps"][i]["grads"], straight["steps"][i]["grads"],
+                               rtol=1e-10, atol=1e-12)  # fmt: skip
+        assert_close_dicts(got["params"], straight["params"], rtol=1e-10, atol=1e-12)
+    assert [r["iteration"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
 # ---------------------------------------------------------------- torchrun

@@ -278,6 +278,23 @@ def _read_cache(path: Path) -> dict[str, np.ndarray] | None:
                 f"QM9 cache {path}: {split} arrays have shapes {P.shape}, {idx.shape}, "
                 f"{Z.shape}; expected (N, {N_ATOMS}, 3), (N,), (N, {N_ATOMS}); {hint}"
             )
+        if m == 0:
+            raise ValueError(f"QM9 cache {path}: split {split!r} is empty; {hint}")
+        if not np.issubdtype(P.dtype, np.floating):
+            raise ValueError(
+                f"QM9 cache {path}: {split} positions have dtype {P.dtype}, not floating; {hint}"
+            )
+        for key, a in ((f"{split}_index", idx), (f"{split}_charges", Z)):
+            if not np.issubdtype(a.dtype, np.integer):
+                raise ValueError(
+                    f"QM9 cache {path}: {key} has dtype {a.dtype}, not integer; {hint}"
+                )
+        bad = ~np.isfinite(P).all(axis=(1, 2))
+        if bad.any():
+            raise ValueError(
+                f"QM9 cache {path}: {int(bad.sum())} {split} molecule(s) with NaN or inf "
+                f"positions, first at row {int(bad.argmax())}; {hint}"
+            )
     return out
 
 

@@ -106,7 +106,9 @@ def to_grassmann(
             f"X must be a floating (B, n, d) tensor or array, got {type(X).__name__} "
             f"{getattr(X, 'dtype', '')} of shape {tuple(getattr(X, 'shape', ()))}"
         )
-    if len(X) == 0:
+    if X.dtype not in (torch.float32, torch.float64):  # half precision: no SVD, no accuracy
+        raise ValueError(f"X must be float32 or float64, got {X.dtype} (shape {tuple(X.shape)})")
+    if X.numel() == 0:
         raise ValueError(f"X is an empty batch (shape {tuple(X.shape)})")
     if on_degenerate not in ("raise", "skip"):
         raise ValueError(f"on_degenerate must be 'raise' or 'skip', got {on_degenerate!r}")

@@ -142,7 +142,21 @@ def lift_to_grassmann(xy: np.ndarray) -> np.ndarray:
 
     Divides by the largest norm **in this batch**, prepends a 1 and normalizes, so the
     first coordinate is in ``[1/sqrt(2), 1]``.
+
+    Raises:
+        ValueError: ``xy`` is not a non-empty, finite real array of shape ``(n, 2)``.
     """
+    xy = np.asarray(xy)
+    if not (np.issubdtype(xy.dtype, np.floating) or np.issubdtype(xy.dtype, np.integer)):
+        raise ValueError(f"xy must hold real numbers, got dtype {xy.dtype}")
+    if xy.ndim != 2 or xy.shape[1] != 2 or xy.shape[0] == 0:
+        raise ValueError(f"xy must have shape (n, 2) with n >= 1, got {xy.shape}")
+    finite = np.isfinite(xy).all(axis=1)
+    if not finite.all():
+        raise ValueError(
+            f"xy has {int((~finite).sum())} row(s) with NaN or inf (shape {xy.shape}), "
+            f"first at row {int(finite.argmin())}"
+        )
     scale = max(float(np.linalg.norm(xy, axis=1).max()), np.finfo(np.float64).tiny)
     y = np.concatenate([np.ones((len(xy), 1)), xy / scale], axis=1)
     return y / np.linalg.norm(y, axis=1, keepdims=True)

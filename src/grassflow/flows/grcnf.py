@@ -170,13 +170,16 @@ class GrCNF(nn.Module):
         return self.divergence == "exact" or not self.training
 
     def _check(self, Y: Tensor, name: str) -> None:
-        self.manifold.check_point(Y, name=name)
+        """Shape, then dtype and device (metadata, so no values are read from a wrong device),
+        then finiteness and orthonormality at the tolerance of the flow's dtype."""
+        self.manifold.check_shape(Y, name)
         ref = self.prior_mean
         if Y.dtype != ref.dtype or Y.device != ref.device:
             raise ValueError(
                 f"{name} has dtype {Y.dtype} on {Y.device}, but the flow is {ref.dtype} on "
-                f"{ref.device}; convert with .to() first"
+                f"{ref.device}; convert with .to() first (shape {tuple(Y.shape)})"
             )
+        self.manifold.check_point(Y, name=name)
 
     # ----------------------------------------------------------- public API
     def transport_forward(self, Y0: Tensor) -> Tensor:

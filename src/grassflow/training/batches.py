@@ -12,23 +12,67 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..manifolds import Grassmann
 from .rng import derive_seed
 
-__all__ = ["BatchStream", "SamplerBatches", "Sampler", "TensorBatches", "make_batches"]
+__all__ = ["BatchStream", "SamplerBatches", "Sampler", "TensorBatches", "check_points",
+           "make_batches", "model_manifold"]  # fmt: skip
 
 Sampler = Callable[[int, torch.Generator], Tensor]
 """``sampler(n, generator) -> (n, D, k)`` draws ``n`` points using ``generator`` (CPU)."""
 
 
-def check_points(Y: Tensor, name: str) -> None:
-    """Raise ``ValueError`` unless ``Y`` is a non-empty, finite, floating ``(N, D, k)`` tensor."""
+def model_manifold(model: object) -> Grassmann | None:
+    """``model.manifold`` if it is a :class:`Grassmann` (a GrCNF's), else ``None``.
+
+    The training loop passes it to :func:`check_points`, so that a flow on Gr(k, D) is only
+    ever fed orthonormal ``(N, D, k)`` points, while other models (e.g. the QM9 scale model,
+    trained on raw positions) get the generic checks.
+    """
+    manifold = getattr(model, "manifold", None)
+    return manifold if isinstance(manifold, Grassmann) else None
+
+
+def check_points(Y: Tensor, name: str, manifold: Grassmann | None = None) -> None:
+    """Raise ``ValueError`` unless ``Y`` is a usable training set ``(N, D, k)``.
+
+    Always: a float32/float64 tensor with 3 dimensions, ``N >= 1``, finite. With a
+    ``manifold`` Gr(k, D), also: the last two sizes are ``(D, k)`` and every point is
+    orthonormal, ``max |Y^T Y - I| <= atol``. Called once per dataset (and on a sampler's
+    first batch), never per training step.
+
+    Args:
+        Y: the points ``(N, D, k)``, in the dtype they were made in.
+        name: what to call ``Y`` in the error message (e.g. ``"train data"``).
+        manifold: the model's Gr(k, D), or ``None`` for data that are not Grassmann points.
+    """
+    shape = tuple(Y.shape) if isinstance(Y, Tensor) else type(Y).__name__
     if not isinstance(Y, Tensor) or not Y.is_floating_point() or Y.dim() != 3:
-        shape = tuple(Y.shape) if isinstance(Y, Tensor) else type(Y).__name__
-        raise ValueError(f"{name} must be a floating tensor of shape (N, D, k), got {shape}")
-    if Y.shape[0] == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(Y.shape)})")
-    if not torch.isfinite(Y).all():
-        raise ValueError(f"{name} contains NaN or inf")
+        dtype = f" {Y.dtype}" if isinstance(Y, Tensor) else ""
+        raise ValueError(f"{name} must be a floating tensor of shape (N, D, k), got{dtype} {shape}")
+    # float16/bfloat16 points cannot be orthonormal to better than ~1e-3, and training runs
+    # in float32 or float64 anyway: make them in (at least) float32
+    if Y.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"{name} must be float32 or float64, got {Y.dtype} (shape {shape})")
+    if Y.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {shape})")
+    finite = torch.isfinite(Y)
+    if not finite.all():
+        bad = int((~finite).sum())
+        first = int((~finite).flatten(1).any(1).nonzero()[0, 0])
+        raise ValueError(
+            f"{name} contains {bad} NaN or inf value(s) (shape {shape}); first in point {first}"
+        )
+    if manifold is None:
+        return
+    # The tolerance is Grassmann's default for Y's own dtype, max(1e-7, 1000 eps): 1.2e-4 in
+    # float32, 1e-7 in float64. QR/SVD/normalization leave |Y^T Y - I| at a few eps times
+    # sqrt(D), far below it, while a point that was never orthonormalized (a scaled point, a
+    # raw point cloud) is off by O(1). GrCNF.log_prob applies the same rule to its input,
+    # in the training dtype: float32-made data (error ~5e-7) trained in float64 pass here and
+    # flow matching is fine with them, but maximum likelihood needs them re-orthonormalized
+    # (Grassmann.projx) in float64.
+    manifold.check_point(Y, name=name)
 
 
 class BatchStream:
@@ -100,6 +144,8 @@ class SamplerBatches(BatchStream):
         batch_size: points per batch.
         seed: run seed.
         device, dtype: where batches are moved to.
+        manifold: if given, the first batch must be orthonormal points of it (see
+            :func:`check_points`).
     """
 
     def __init__(
@@ -109,9 +155,10 @@ class SamplerBatches(BatchStream):
         seed: int,
         device: torch.device,
         dtype: torch.dtype,
+        manifold: Grassmann | None = None,
     ):
         self.sampler, self.batch_size = sampler, batch_size
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype, self.manifold = device, dtype, manifold
         self.generator = torch.Generator().manual_seed(derive_seed(seed, "data"))
         self.shape = None
 
@@ -124,6 +171,7 @@ class SamplerBatches(BatchStream):
                     f"sampler({self.batch_size}, generator) must return "
                     f"({self.batch_size}, D, k), got {got}"
                 )
+            check_points(Y, "sampler batch", self.manifold)
             self.shape = tuple(Y.shape[1:])
         return Y.to(device=self.device, dtype=self.dtype)
 
@@ -138,14 +186,23 @@ class SamplerBatches(BatchStream):
 
 
 def make_batches(
-    data: Tensor | Sampler, batch_size: int, seed: int, device: torch.device, dtype: torch.dtype
+    data: Tensor | Sampler,
+    batch_size: int,
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    manifold: Grassmann | None = None,
 ) -> BatchStream:
-    """A ``TensorBatches`` for a tensor ``(N, D, k)``, a ``SamplerBatches`` for a callable."""
+    """A ``TensorBatches`` for a tensor ``(N, D, k)``, a ``SamplerBatches`` for a callable.
+
+    The tensor (or the sampler's first batch) is validated by :func:`check_points`, with
+    ``manifold`` (the model's Gr(k, D), see :func:`model_manifold`) if given.
+    """
     if isinstance(data, Tensor):
-        check_points(data, "train data")
+        check_points(data, "train data", manifold)
         return TensorBatches(data.to(device=device, dtype=dtype), batch_size, seed)
     if callable(data):
-        return SamplerBatches(data, batch_size, seed, device, dtype)
+        return SamplerBatches(data, batch_size, seed, device, dtype, manifold)
     raise ValueError(
         f"data must be a tensor (N, D, k) or a sampler(n, generator), got {type(data).__name__}"
     )

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..manifolds import Grassmann
 
-__all__ = ["COUPLINGS", "flow_matching_objective", "ot_pairing"]
+__all__ = ["COUPLINGS", "flow_matching_losses", "flow_matching_objective", "ot_pairing"]
 
 COUPLINGS = ("independent", "ot")
 
@@ -51,6 +51,29 @@ def ot_pairing(manifold: Grassmann, Y0: Tensor, Y1: Tensor) -> Tensor:
     return perm.to(Y0.device)
 
 
+def flow_matching_losses(model: nn.Module, Y0: Tensor, Y1: Tensor, s: Tensor) -> Tensor:
+    """Per-pair regression losses ``||T X(sT, Y_s) - u_s||^2`` for given pairs and times.
+
+    ``Y_s`` and ``u_s = dY_s/ds`` are the geodesic from ``Y0`` to ``[Y1]`` at ``s``; the
+    model's velocity in rescaled time is ``dY/ds = T X(sT, Y)``, as GrCNF integrates it. The
+    value does not depend on the representatives of ``Y0`` or ``Y1`` (for an O(k)-equivariant
+    field).
+
+    Args:
+        model: a GrCNF (needs ``manifold``, ``field`` and ``T``).
+        Y0: ``(B, D, k)`` prior-side points.
+        Y1: ``(B, D, k)`` data points.
+        s: ``(B,)`` times in [0, 1].
+
+    Returns:
+        ``(B,)`` squared errors in the quotient metric; differentiable in the field and ``T``.
+    """
+    Ys, us = model.manifold.geodesic(Y0, Y1, s)
+    T = model.T.to(Y1)
+    v = T * model.field(s * T, Ys)
+    return (v - us).square().sum(dim=(-2, -1))
+
+
 def flow_matching_objective(
     model: nn.Module, batch: Tensor, coupling: str = "independent"
 ) -> tuple[Tensor, dict[str, Any]]:
@@ -59,11 +82,11 @@ def flow_matching_objective(
     Uses GrCNF's time convention (prior at s = 0, data at s = 1, ``dY/ds = T X(sT, Y)``), so a
     model trained this way is an ordinary GrCNF: same checkpoint, ``log_prob`` and ``sample``.
     Prior samples and times come from the global RNG, which the training loop seeds and
-    checkpoints.
+    checkpoints; the loss given them is :func:`flow_matching_losses`.
 
     Args:
         model: a GrCNF (needs ``prior()``, ``manifold``, ``field`` and ``T``).
-        batch: ``(B, D, k)`` data points.
+        batch: ``(B, D, k)`` data points, orthonormal (the training loop checks them once).
         coupling: ``"independent"`` or ``"ot"`` (minibatch optimal transport).
 
     Returns:
@@ -76,8 +99,4 @@ def flow_matching_objective(
     if coupling == "ot":
         Y0 = Y0[ot_pairing(model.manifold, Y0, batch)]
     s = torch.rand(n, dtype=batch.dtype, device=batch.device)
-    Ys, us = model.manifold.geodesic(Y0, batch, s)
-    T = model.T.to(batch)
-    v = T * model.field(s * T, Ys)
-    loss = (v - us).square().sum(dim=(-2, -1)).mean()
-    return loss, {"nfe": 0}
+    return flow_matching_losses(model, Y0, batch, s).mean(), {"nfe": 0}

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from . import distributed as dd
-from .batches import Sampler, check_points, make_batches
+from .batches import Sampler, check_points, make_batches, model_manifold
 from .checkpoint import atomic_save, write_json
 from .config import TrainConfig, resolve_device, resolve_dtype
 from .metrics import MetricsLog, make_record
@@ -104,12 +104,13 @@ def train(
         raise FileExistsError(f"{last_path} exists: pass resume=True or use a new run_dir")
     device, dtype = dd.device_for(resolve_device(config.device)), resolve_dtype(config.dtype)
     model.to(device=device, dtype=dtype).train()
-    stream = make_batches(data, config.batch_size, config.seed, device, dtype)
+    manifold = model_manifold(model)  # a flow on Gr(k, D) gets orthonormality checks too
+    stream = make_batches(data, config.batch_size, config.seed, device, dtype, manifold)
     if parallel:
         dd.check_batch_size(config.batch_size)
         stream = dd.ShardedBatches(stream)
     if val_data is not None:
-        check_points(val_data, "val_data")
+        check_points(val_data, "val_data", manifold)
         val_data = val_data.to(device=device, dtype=dtype)
     optimizer, scheduler = make_optimizer(model, config)
     state = TrainState()
