@@ -9,6 +9,7 @@ import pytest
 from grassflow.cli import main
 from grassflow.experiments import particles as px
 from grassflow.experiments import table1
+from grassflow.training import loop as loop_module
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -46,11 +47,29 @@ def test_paper_presets():
         px.ParticleExperiment(system="dw5")
 
 
-def test_reproduce_table1_end_to_end_and_resume(tmp_path):
+class TickingClock:
+    """Every reading of the training loop's clock advances it by 0.5 s: a machine of fixed
+    pace, so budgets buy a known number of iterations whatever the load."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 0.5
+        return self.t
+
+
+def _iterations(runs):
+    return {d.name: json.loads((d / "eval.json").read_text())["iterations"]
+            for d in sorted(runs.iterdir())}  # fmt: skip
+
+
+def test_reproduce_table1_end_to_end_and_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop_module, "_now", TickingClock())
     data = fake_data(tmp_path / "data")
     out, runs = tmp_path / "out", tmp_path / "runs"
     args = ["reproduce", "table1", "--system", "dw4", "--sizes", "20", "--seeds", "0", "1",
-            "--budget", "0.01", "--data-dir", str(data), "--out", str(out), "--runs", str(runs),
+            "--budget", "0.05", "--data-dir", str(data), "--out", str(out), "--runs", str(runs),
             "--no-progress"]  # fmt: skip
     assert main(args) == 0
     result = json.loads((out / "table1.json").read_text())
@@ -58,36 +77,64 @@ def test_reproduce_table1_end_to_end_and_resume(tmp_path):
     for r in result["runs"]:
         assert math.isfinite(r["test_nll"]) and r["n_test"] == 1000
         assert (r["protocol"] == "paper") == (r["manifold"] == "Gr(2,4)")
+        assert r["iterations"] >= 1 and r["trained_minutes"] > 0  # with the final validation
     md = (out / "table1.md").read_text()
     assert "-12.53 ± 0.92" not in md  # no paper column for a size the paper did not run
     assert "GrCNF here, com-free, Gr(2,3)" in md and "1.838" in md
     assert (out / "table1_val.png").stat().st_size > 10_000
-    # a rerun reuses finished runs: no training, same numbers
-    run0 = runs / "dw4-com-free-fm-uniform-n20-s0"
-    (run0 / "last.pt").unlink()
+    first = _iterations(runs)
+    assert all(name.endswith(("-generated-n20-s0", "-generated-n20-s1")) for name in first)
+
+    # catches: a rerun with the same budget training again, or re-evaluating
+    stamps = {d.name: (d / "eval.json").stat().st_mtime_ns for d in runs.iterdir()}
     assert main(args) == 0
     assert json.loads((out / "table1.json").read_text()) == result
-    assert not (run0 / "last.pt").exists()
-    # a larger budget resumes an unfinished run where it stopped
-    (run0 / "eval.json").unlink()
-    run1 = runs / "dw4-com-free-fm-uniform-n20-s1"
-    last = json.loads((run1 / "metrics.jsonl").read_text().splitlines()[-1])
-    before, budget = last["iteration"], last["elapsed"] / 60 + 0.01  # validation counts too
-    (run1 / "eval.json").unlink()
-    assert main([*args[:-1], "--budget", str(budget), "--protocol", "com-free",
-                 "--no-progress"]) == 0  # fmt: skip
-    after = json.loads((run1 / "metrics.jsonl").read_text().splitlines()[-1])["iteration"]
-    assert after > before
+    assert {d.name: (d / "eval.json").stat().st_mtime_ns for d in runs.iterdir()} == stamps
+
+    # catches: a larger budget returning the cached eval.json instead of continuing
+    bigger = [*args[:-1], "--budget", "0.1", "--no-progress"]
+    assert main(bigger) == 0
+    second = _iterations(runs)
+    assert all(second[name] > first[name] for name in first)
+    rows = json.loads((out / "table1.json").read_text())["runs"]
+    assert sorted(r["iterations"] for r in rows) == sorted(second.values())
+    # ... and a smaller one is refused: the runs have trained longer than it
+    with pytest.raises(table1.RunMismatch, match="total_budget_minutes: 0.1 -> 0.05"):
+        table1.reproduce(out, runs, systems=("dw4",), sizes={"dw4": (20,)}, seeds=(0,),
+                         budget_minutes=0.05, data_dir=data, progress=False)  # fmt: skip
+
+
+def test_table1_refuses_runs_of_other_data(tmp_path, monkeypatch):
+    # catches: runs trained on one data file being reused or resumed for another
+    monkeypatch.setattr(loop_module, "_now", TickingClock())
+    data, out, runs = fake_data(tmp_path / "data"), tmp_path / "out", tmp_path / "runs"
+    kw = dict(systems=("dw4",), protocols=("com-free",), sizes={"dw4": (20,)}, seeds=(0,),
+              budget_minutes=0.05, data_dir=data, progress=False)  # fmt: skip
+    table1.reproduce(out, runs, **kw)
+    fake_data(data, seed=1)  # same path and layout, other configurations
+    with pytest.raises(table1.RunMismatch, match=r"data\.train: 'sha256:") as info:
+        table1.reproduce(out, runs, **kw)
+    assert "data.val" in str(info.value) and "--force" in str(info.value)
+    # --force retrains on the new data
+    result = table1.reproduce(out, runs, **kw, force=True)
+    run_dir = runs / "dw4-com-free-fm-uniform-generated-n20-s0"
+    assert result["runs"][0]["run_dir"] == str(run_dir)
+    ident = json.loads((run_dir / "data.json").read_text())
+    assert ident == px.data_identity_of(px.ParticleExperiment(
+        n_train=20, data_dir=str(data), objective="fm", prior="uniform"), px.load_data(
+        px.ParticleExperiment(n_train=20, data_dir=str(data))))
 
 
 def test_table1_markdown_has_paper_columns():
     runs = [{"system": "lj13", "protocol": "com-free", "n_train": n, "manifold": "Gr(3,12)",
-             "test_nll": v, "uniform_nll": 3.982} for n, v in ((10, 1.0), (10, 3.0), (100, 2.0))]
+             "test_nll": v, "uniform_nll": 3.982, "trained_minutes": m, "iterations": i}
+            for n, v, m, i in ((10, 1.0, 0.9, 900), (10, 3.0, 1.02, 1200), (100, 2.0, 1.0, 50))]
     md = table1.markdown_table({"objective": "fm", "prior": "uniform", "budget_minutes": 1,
                                 "source": "generated", "runs": runs})  # fmt: skip
     assert "-23.64 ± 2.23" in md and "-12.86 ± 3.67" in md and "-15.75 ± 5.02" in md
     assert "2.00 ± 1.41" in md  # mean ± sample std over the seeds
     assert "| 2.00 |" in md  # a single seed has no std
+    assert "trained 0.90–1.02 min, 50–1,200 iterations" in md  # what ran, not what was asked
 
 
 def test_train_and_eval_on_particles(tmp_path, capsys):
@@ -120,12 +167,16 @@ def test_data_make_and_compare(tmp_path, capsys):
     assert rows.shape == (300, 8) and rows.dtype == np.float32 and np.isfinite(rows).all()
     assert main(args) == 2  # refuses to overwrite
     assert "--overwrite" in capsys.readouterr().err
-    # compare against a "reference" that is a copy of our own file: KS and JSD near zero
+    # catches: a comparison that cannot tell distributions apart. The reference is our file
+    # with every coordinate scaled by 1.1: pair distances grow by exactly 10 %.
     ref = tmp_path / "ref"
     ref.mkdir()
-    np.save(ref / "test_split_DW4.npy", rows)
+    np.save(ref / "test_split_DW4.npy", 1.1 * rows)
     assert main(["data", "compare", "--system", "dw4", "--data-dir", str(tmp_path / "data"),
                  "--reference", str(ref), "--out", str(tmp_path / "out")]) == 0  # fmt: skip
     result = json.loads((tmp_path / "out" / "sampler_check.json").read_text())
-    assert result["dw4"]["energy"]["ks"] == 0.0 and result["dw4"]["pair_distance"]["jsd"] < 1e-9
+    d = result["dw4"]["pair_distance"]
+    assert d["mean_reference"] == pytest.approx(1.1 * d["mean"], rel=1e-5)
+    # 1,800 distances per side: the KS floor is about 1.36 sqrt(2 / 1800) = 0.045
+    assert d["ks"] > 0.1 and d["ks"] > 2 * d["floor"]["ks"] and d["jsd"] > d["floor"]["jsd"]
     assert (tmp_path / "out" / "sampler_check.png").stat().st_size > 10_000

@@ -5,71 +5,102 @@ Snapshots of the parameters are taken at geometrically spaced times during train
 their test NLL is computed afterwards with the exact-divergence ODE, so evaluation time is not
 counted as training time.
 
-Each (dataset, objective) run writes ``curve.json`` into its run directory when it finishes;
-a rerun reuses finished curves and restarts unfinished runs (at most one budget is lost).
+Each (dataset, objective) run is an ordinary resumable run directory (see
+:func:`.runs.claim_run_dir`) with its snapshots in ``snapshots/<iteration>.pt`` and their
+test NLLs beside them. A rerun continues an unfinished run from ``last.pt``, trains a
+finished one no further, and a larger budget continues it with snapshots at the new
+budget's marks. ``curve.json`` is reused only if it describes the run as it stands.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import shutil
 from pathlib import Path
 
 import torch
 from matplotlib.figure import Figure
 
-from ..data.textures import texture_splits
-from ..training import OBJECTIVES, PAPER_TEXTURES, train
+from ..training import PAPER_TEXTURES, atomic_save, load_checkpoint
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
-from .textures import TexturesExperiment, build_model, texture_stream
+from .runs import training_status
+from .textures import TexturesExperiment, build_model, claim, run
 
 __all__ = ["compare", "markdown_table"]
 
 
-def _snapshots(exp: TexturesExperiment, run_dir: Path, n_snapshots: int, progress: bool):
-    """Train ``exp`` for its budget; return ``[(elapsed_s, iteration, state_dict)]``."""
-    budget_s = 60 * exp.train.budget_minutes
-    # geometric spacing from 1% of the budget: early times decide the time-to-NLL ratio
-    marks = [budget_s * 0.01 ** (1 - i / (n_snapshots - 1)) for i in range(n_snapshots)]
-    snaps = []
-    model = build_model(exp)
-    sampler = texture_stream(exp.dataset, getattr(torch, exp.train.dtype))
+def _marks(budget_minutes: float, n_snapshots: int) -> list[float]:
+    """Snapshot times (s), geometric from 1 % of the budget: early times decide the
+    time-to-NLL ratio."""
+    budget_s = 60 * budget_minutes
+    return [budget_s * 0.01 ** (1 - i / (n_snapshots - 1)) for i in range(n_snapshots)]
+
+
+def _train_with_snapshots(
+    exp: TexturesExperiment, run_dir: Path, n_snapshots: int, progress: bool, force: bool
+) -> None:
+    """Train ``exp`` up to its total budget, saving a snapshot at each mark it passes."""
+    claim(exp, run_dir, force)
+    snap_dir = run_dir / "snapshots"
+    done = training_status(run_dir)["iterations"]
+    taken = []
+    for path in sorted(snap_dir.glob("*.pt")):
+        if int(path.stem) > done:  # past last.pt: steps that the resumed run redoes
+            if dd.is_main():
+                path.unlink()
+                path.with_suffix(".json").unlink(missing_ok=True)
+        else:
+            taken.append(load_checkpoint(path, required=("elapsed",))["elapsed"])
+    marks = [m for m in _marks(exp.train.total_budget_minutes, n_snapshots)
+             if m > max(taken, default=-1.0) / 0.98]  # fmt: skip
 
     def callback(iteration: int, model, record: dict) -> None:
         if marks and record["elapsed"] >= marks[0] * 0.98:
-            snaps.append((record["elapsed"], iteration, copy.deepcopy(model.state_dict())))
+            if dd.is_main():
+                atomic_save({"elapsed": record["elapsed"], "iteration": iteration,
+                             "model": model.state_dict()}, snap_dir / f"{iteration:09d}.pt")
             while marks and record["elapsed"] >= marks[0] * 0.98:
                 marks.pop(0)
 
-    train(model, sampler, exp.train, run_dir, objective=OBJECTIVES[exp.objective],
-          progress=progress, callback=callback)
-    return snaps
+    if dd.is_main():
+        snap_dir.mkdir(parents=True, exist_ok=True)
+    run(exp, run_dir, resume=True, progress=progress, callback=callback)
 
 
-def _curve(exp: TexturesExperiment, run_dir: Path, n_snapshots: int, progress: bool) -> list:
-    """Snapshot curve of one run: ``[{seconds, iteration, test_nll, test_nll_sem}]``."""
-    done = run_dir / "curve.json"
-    if done.exists():
-        return json.loads(done.read_text())
-    if run_dir.exists():  # unfinished: snapshots lived in memory, so start this run again
-        if dd.is_main():
-            shutil.rmtree(run_dir)
-        dd.barrier()
-    test = texture_splits(exp.dataset, dtype=getattr(torch, exp.train.dtype))["test"]
+def _curve(
+    exp: TexturesExperiment, run_dir: Path, n_snapshots: int, progress: bool, force: bool
+) -> dict:
+    """``{"iterations", "trained_minutes", "points": [{seconds, iteration, test_nll,
+    test_nll_sem}]}`` of one run; each snapshot's NLL is computed once and kept."""
+    _train_with_snapshots(exp, run_dir, n_snapshots, progress, force)
+    status = training_status(run_dir)
+    cached = run_dir / "curve.json"
+    if cached.exists():
+        curve = json.loads(cached.read_text())
+        if curve.get("iterations") == status["iterations"]:
+            return curve
+    test = claim(exp, run_dir)["test"]
     points = []
-    for elapsed, iteration, state in _snapshots(exp, run_dir, n_snapshots, progress):
+    for path in sorted((run_dir / "snapshots").glob("*.pt")):
+        nll_path = path.with_suffix(".json")
+        if nll_path.exists():
+            points.append(json.loads(nll_path.read_text()))
+            continue
+        snap = load_checkpoint(path, required=("elapsed", "iteration", "model"))
         model = build_model(exp).to(test.dtype)
-        model.load_state_dict(state)
+        model.load_state_dict(snap["model"])
         with torch.no_grad():
             nll = -model.eval().log_prob(test)
-        points.append({"seconds": elapsed, "iteration": iteration,
+        points.append({"seconds": snap["elapsed"], "iteration": snap["iteration"],
                        "test_nll": nll.mean().item(),
                        "test_nll_sem": (nll.std() / len(nll) ** 0.5).item()})
+        if dd.is_main():
+            write_json(points[-1], nll_path)
+    curve = {"iterations": status["iterations"], "trained_minutes": status["trained_minutes"],
+             "points": points}  # fmt: skip
     if dd.is_main():
-        write_json(points, done)
-    return points
+        write_json(curve, cached)
+    return curve
 
 
 def compare(
@@ -80,10 +111,13 @@ def compare(
     objectives: tuple[str, ...] = ("mle", "fm"),
     n_snapshots: int = 16,
     progress: bool = True,
+    force: bool = False,
 ) -> dict:
     """Run every objective on every dataset; write ``fm_vs_mle.{json,md,png}`` to ``out_dir``.
 
     The first objective (MLE by default) sets the reference NLL that the others must reach.
+    ``budget_minutes`` is each run's total; ``force`` retrains run directories that hold
+    another preset instead of stopping with an error.
     """
     if "mle" not in objectives:
         raise ValueError("objectives must include 'mle', the reference")
@@ -91,16 +125,21 @@ def compare(
     out = Path(out_dir)
     train_cfg = PAPER_TEXTURES.replace(
         batch_size=200, iterations=10**7, lr_step=None, val_every=None, log_every=10,
-        checkpoint_every=10**6, budget_minutes=budget_minutes,
-    )
+        checkpoint_every=500, total_budget_minutes=budget_minutes,
+    )  # fmt: skip
     results = {}
     for dataset in datasets:
-        curves = {}
+        runs = {}
         for objective in objectives:
             exp = TexturesExperiment(dataset=dataset, objective=objective, train=train_cfg)
             run_dir = Path(runs_dir) / f"{dataset}-{objective}"
-            curves[objective] = _curve(exp, run_dir, n_snapshots, progress)
-        results[dataset] = {"curves": curves, "summary": _summary(curves)}
+            runs[objective] = _curve(exp, run_dir, n_snapshots, progress, force)
+        curves = {objective: r["points"] for objective, r in runs.items()}
+        summary = _summary(curves)
+        for objective, r in runs.items():  # what each run trained, not its last snapshot
+            summary[objective].update(iterations=r["iterations"],
+                                      trained_minutes=r["trained_minutes"])  # fmt: skip
+        results[dataset] = {"curves": curves, "summary": summary}
     result = {"budget_minutes": budget_minutes, "objectives": list(objectives),
               "datasets": results}
     if dd.is_main():  # under torchrun, rank 0 writes
@@ -132,15 +171,17 @@ def markdown_table(result: dict) -> str:
         f"{result['budget_minutes']:g} CPU minutes of training per objective and dataset; test "
         "NLL (nats, 500 lines, exact divergence) of parameter snapshots.",
         "",
-        "| dataset | objective | iterations | best test NLL | seconds to MLE's best (ratio) |",
-        "|---|---|---|---|---|",
+        "| dataset | objective | minutes | iterations | best test NLL "
+        "| seconds to MLE's best (ratio) |",
+        "|---|---|---|---|---|---|",
     ]
     for dataset, res in result["datasets"].items():
         for objective, s in res["summary"].items():
             t, r = s["seconds_to_mle_best"], s["time_ratio_over_mle"]
             reach = "not reached" if t is None else f"{t:.0f}" + (
                 "" if objective == "mle" else f" ({r:.2f})")
-            lines.append(f"| {dataset} | {objective.upper()} | {s['iterations']:,} | "
+            lines.append(f"| {dataset} | {objective.upper()} | {s['trained_minutes']:.2f} | "
+                         f"{s['iterations']:,} | "
                          f"{s['best_nll']:.3f} | {reach} |")
     return "\n".join(lines) + "\n"
 

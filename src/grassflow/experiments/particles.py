@@ -40,7 +40,7 @@ from ..training import (
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
 from ..training.rng import seeded_init
-from .runs import load_trained
+from .runs import claim_run_dir, data_identity, load_trained, training_status
 
 __all__ = [
     "PAPER_SCHEDULE",
@@ -200,13 +200,15 @@ def run(
     resume: bool = False,
     progress: bool = True,
     data: dict | None = None,
+    force: bool = False,
 ) -> TrainResult:
-    """Train (or resume) one run in ``run_dir``; ``data`` defaults to :func:`load_data`."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if dd.is_main():
-        write_json(exp.to_dict(), run_dir / "experiment.json")
+    """Train (or resume) one run in ``run_dir``; ``data`` defaults to :func:`load_data`.
+
+    ``run_dir`` must be new or hold the same preset and data (:func:`.runs.claim_run_dir`);
+    ``force`` deletes a mismatched one instead of raising.
+    """
     data = load_data(exp) if data is None else data
+    claim_run_dir(run_dir, exp.to_dict(), data_identity_of(exp, data), force=force)
     return train(
         build_model(exp),
         data["train"],
@@ -217,6 +219,12 @@ def run(
         resume=resume,
         progress=progress,
     )
+
+
+def data_identity_of(exp: ParticleExperiment, data: dict) -> dict:
+    """Source, resolved path and content hashes of the train and val splits."""
+    return {"source": exp.source, "path": str(Path(exp.data_dir).resolve()),
+            **data_identity(train=data["train"], val=data["val"])}  # fmt: skip
 
 
 def load_run(run_dir: str | Path, which: str = "best") -> tuple[ParticleExperiment, GrCNF]:
@@ -238,6 +246,7 @@ def evaluate(run_dir: str | Path, data: dict | None = None, batch_size: int = 25
         prior_nll = -model.prior().log_prob(test)
     best_path = Path(run_dir) / "best.pt"
     best = load_checkpoint(best_path) if best_path.exists() else {}
+    status = training_status(run_dir)
     result = {
         "system": exp.system,
         "protocol": exp.protocol,
@@ -253,6 +262,8 @@ def evaluate(run_dir: str | Path, data: dict | None = None, batch_size: int = 25
         "best_val_nll": best.get("val_nll"),
         "best_iteration": best.get("iteration"),
         "T": model.T.item(),
+        "iterations": status["iterations"],
+        "trained_minutes": status["trained_minutes"],
     }
     if dd.is_main():
         write_json(result, Path(run_dir) / "eval.json")

@@ -55,11 +55,18 @@ from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
 from ..training.rng import seeded_init
-from .runs import checkpoint_path, read_preset, trained_minutes
+from .runs import (
+    RunMismatch,
+    checkpoint_path,
+    claim_run_dir,
+    data_identity,
+    read_preset,
+    training_status,
+)
 
 __all__ = [
-    "PAPER", "DecoderModel", "QM9Experiment", "QM9Models", "ScaleModel", "evaluate", "load_run",
-    "run", "sample_molecules",
+    "PAPER", "DecoderModel", "QM9Experiment", "QM9Models", "RunMismatch", "ScaleModel",
+    "evaluate", "load_run", "run", "sample_molecules", "training_status",
 ]  # fmt: skip
 
 # paper Table 2: GrCNF reports -ELBO (an upper bound of its NLL), E-NF an NLL
@@ -183,24 +190,29 @@ def _models(exp: QM9Experiment, init_mean: Tensor | None = None) -> QM9Models:
 
 
 def _train(model, data, val, cfg, run_dir: Path, objective, progress: bool) -> None:
-    left = cfg.budget_minutes - trained_minutes(run_dir)
-    if left <= 0.001 and (run_dir / "last.pt").exists():
-        return
-    resume = (run_dir / "last.pt").exists()
-    cfg = cfg.replace(budget_minutes=max(left, 0.001))
-    train(model, data, cfg, run_dir, val_data=val, objective=objective, resume=resume,
+    """Train up to ``cfg.budget_minutes`` in total over invocations, and no further."""
+    cfg = cfg.replace(total_budget_minutes=cfg.budget_minutes, budget_minutes=None)
+    train(model, data, cfg, run_dir, val_data=val, objective=objective, resume=True,
           progress=progress)  # fmt: skip
 
 
-def run(exp: QM9Experiment, run_dir: str | Path, *, progress: bool = True) -> None:
-    """Train (or continue) both models of ``exp`` in ``run_dir``."""
+def run(
+    exp: QM9Experiment, run_dir: str | Path, *, progress: bool = True, force: bool = False
+) -> None:
+    """Train (or continue) the three models of ``exp`` in ``run_dir``.
+
+    ``run_dir`` must be new or hold the same preset and split (:func:`.runs.claim_run_dir`;
+    ``flow_minutes`` and ``scale_minutes`` may grow); ``force`` deletes a mismatched one.
+    """
     run_dir = Path(run_dir)
     P = load_split(exp.cache_dir)
+    identity = {"path": str(Path(exp.cache_dir).resolve()),
+                **data_identity(train=P["train"], valid=P["valid"])}  # fmt: skip
+    claim_run_dir(run_dir, dataclasses.asdict(exp), identity,
+                  budget_keys=("flow_minutes", "scale_minutes"), force=force)  # fmt: skip
     Y = {s: shape_factor(x)[0] for s, x in P.items()}
     init_mean = shape_factor(P["train"])[1].log().median(dim=0).values
     if dd.is_main():  # under torchrun, rank 0 writes
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(dataclasses.asdict(exp), run_dir / "experiment.json")
         torch.save(init_mean, run_dir / "init_mean.pt")
     m = _models(exp, init_mean)
     _train(m.flow, Y["train"], Y["valid"][: exp.n_val], exp.flow_config(), run_dir / "flow",
@@ -252,6 +264,11 @@ def _once(fn):
         return cache[0]
 
     return wrapped
+
+
+def _status(run_dir: Path) -> dict:
+    status = training_status(run_dir)
+    return {"minutes": status["trained_minutes"], "iterations": status["iterations"]}
 
 
 def _mean_sem(name: str, x: Tensor) -> dict[str, float]:
@@ -306,9 +323,8 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) 
         "n_samples": n_samples,
         "elbo_samples": exp.elbo_samples,
         "iwae_samples": exp.iwae_samples,
-        "flow_minutes": trained_minutes(run_dir / "flow"),
-        "scale_minutes": trained_minutes(run_dir / "scale"),
-        "decoder_minutes": trained_minutes(run_dir / "decoder"),
+        **{f"{sub}_{key}": value for sub in ("flow", "scale", "decoder")
+           for key, value in _status(run_dir / sub).items()},
         "objective": exp.objective,
         "prior": exp.prior,
     }

@@ -67,11 +67,15 @@ def reproduce(
     exp: QM9Experiment | None = None,
     progress: bool = True,
     n_samples: int = 1000,
+    force: bool = False,
 ) -> dict:
     """Train (or continue), evaluate, and write ``table2.{json,md}``, ``distances.png``,
-    ``figure5.png`` and ``samples.xyz`` (10 generated molecules) to ``out_dir``."""
+    ``figure5.png`` and ``samples.xyz`` (10 generated molecules) to ``out_dir``.
+
+    ``force`` retrains a ``run_dir`` that holds another preset or split (see
+    :func:`.qm9.run`)."""
     exp = QM9Experiment() if exp is None else exp
-    run(exp, run_dir, progress=progress)
+    run(exp, run_dir, progress=progress, force=force)
     if not dd.is_main():  # training is data-parallel under torchrun; evaluation is rank 0's
         return {}
     result = evaluate(run_dir, n_samples)
@@ -91,9 +95,10 @@ def markdown_table(r: dict) -> str:
     return "\n".join([
         f"QM9 positional, {r['n_test']:,} test molecules, nats per molecule in the 54-D centred "
         f"space. GrCNF ({r['objective']}, {r['prior']} prior) trained {r['flow_minutes']:.1f} "
-        f"min; eigenvalue density {r['scale_minutes']:.1f} min; decoder "
-        f"{r.get('decoder_minutes', 0):.1f} min (2-core CPU). −ELBO: {r['elbo_samples']} Haar "
-        f"draws per molecule; IWAE: {r['iwae_samples']}.",
+        f"min ({r['flow_iterations']:,} iterations); eigenvalue density "
+        f"{r['scale_minutes']:.1f} min ({r['scale_iterations']:,}); decoder "
+        f"{r['decoder_minutes']:.1f} min ({r['decoder_iterations']:,}) (2-core CPU). −ELBO: "
+        f"{r['elbo_samples']} Haar draws per molecule; IWAE: {r['iwae_samples']}.",
         "",
         "| model | NLL | −ELBO | JSD |",
         "|---|---|---|---|",

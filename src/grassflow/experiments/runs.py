@@ -1,18 +1,141 @@
-"""Run directories shared by the experiments: the saved preset, checkpoints, time trained."""
+"""Run directories shared by the experiments: identity, the saved preset, checkpoints, progress.
+
+A run directory is one training run. :func:`claim_run_dir` makes sure it stays one: it keeps
+the resolved preset (``experiment.json``) and the identity of the data it trained on
+(``data.json``: a content hash), and a later invocation may reuse or continue the run only
+if both match. The run's length (total budget, iterations) may differ only upwards, which
+continues the run; the per-invocation budget and the device may change freely.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from ..training import load_checkpoint, read_metrics
+from ..training import distributed as dd
+from ..training import load_checkpoint
+from ..training.checkpoint import write_json
 
-__all__ = ["checkpoint_path", "load_trained", "read_preset", "trained_minutes"]
+__all__ = [
+    "RunMismatch",
+    "checkpoint_path",
+    "claim_run_dir",
+    "data_identity",
+    "load_trained",
+    "read_preset",
+    "training_status",
+]
+
+logger = logging.getLogger(__name__)
+
+# Preset fields that change neither what a run is nor its trajectory: how long one
+# invocation may train, and where.
+_FREE = ("train.budget_minutes", "train.device")
+
+
+class RunMismatch(ValueError):
+    """A run directory holds a different run than the one asked for."""
+
+
+def data_identity(**arrays: Any) -> dict[str, str]:
+    """``{name: "sha256:<hex>"}`` of each array's shape, dtype and bytes (tensor or ndarray)."""
+    out = {}
+    for name, x in arrays.items():
+        a = np.ascontiguousarray(x.detach().cpu().numpy() if torch.is_tensor(x) else x)
+        h = hashlib.sha256(f"{a.shape}|{a.dtype}|".encode())
+        h.update(a.tobytes())
+        out[name] = f"sha256:{h.hexdigest()[:24]}"
+    return out
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return flat
+
+
+def claim_run_dir(
+    run_dir: str | Path,
+    preset: dict,
+    data: dict[str, Any],
+    *,
+    budget_keys: tuple[str, ...] = ("train.total_budget_minutes", "train.iterations"),
+    force: bool = False,
+) -> None:
+    """Make ``run_dir`` the directory of this run, or check that it already is.
+
+    A new directory gets ``experiment.json`` (``preset``) and ``data.json`` (``data``). An
+    existing one must hold the same preset and data. The ``budget_keys`` (dotted paths into
+    ``preset``) may grow, which continues the run, and ``train.budget_minutes`` and
+    ``train.device`` may change freely. ``data`` values named ``*path`` are recorded only:
+    the content hashes identify the data wherever they lie.
+
+    Args:
+        run_dir: the run directory.
+        preset: the resolved preset, JSON-able (e.g. ``exp.to_dict()``).
+        data: the data's identity: source, path and :func:`data_identity` hashes.
+        budget_keys: fields that may only grow.
+        force: start the run afresh (deleting ``run_dir``) instead of raising on a mismatch.
+
+    Raises:
+        RunMismatch: the directory holds another run (the message names every differing
+            field), a smaller budget than it has trained for, or trainer files without a
+            preset.
+    """
+    run_dir = Path(run_dir)
+    exp_path, data_path = run_dir / "experiment.json", run_dir / "data.json"
+    problem = None
+    if exp_path.exists():
+        old = {**_flatten(json.loads(exp_path.read_text())),
+               **_flatten({"data": _read(data_path)})}  # fmt: skip
+        new = {**_flatten(preset), **_flatten({"data": data})}
+        diffs = []
+        for key in sorted(set(old) | set(new)):
+            a, b = old.get(key, "<missing>"), new.get(key, "<missing>")
+            if a == b or key in _FREE or key.endswith("path"):
+                continue
+            if key in budget_keys and _number(a) and _number(b) and b >= a:
+                continue
+            diffs.append(f"{key}: {a!r} -> {b!r}")
+        if diffs:
+            problem = f"{run_dir} holds a different run ({'; '.join(diffs)})"
+    elif (run_dir / "last.pt").exists():
+        problem = f"{run_dir} holds a training checkpoint but no experiment.json"
+    if problem is not None:
+        if not force:
+            raise RunMismatch(
+                f"{problem}. Use another run directory, or --force (force=True) to delete "
+                "it and train afresh."
+            )
+        logger.warning("%s; --force: deleting it and starting afresh", problem)
+        if dd.is_main():
+            shutil.rmtree(run_dir)
+        dd.barrier()
+    if dd.is_main():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(preset, exp_path)
+        write_json(data, data_path)
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def read_preset(run_dir: str | Path, from_dict: Callable[[dict], Any], kind: str) -> Any:
@@ -24,10 +147,14 @@ def read_preset(run_dir: str | Path, from_dict: Callable[[dict], Any], kind: str
 
 
 def checkpoint_path(run_dir: str | Path, which: str = "best") -> Path:
-    """``run_dir/<which>.pt``; ``"best"`` falls back to ``last.pt`` before any validation."""
+    """``run_dir/<which>.pt``. ``"best"`` falls back to ``last.pt`` when the run has no
+    validation checkpoint yet, and says so."""
     path = Path(run_dir) / f"{which}.pt"
     if not path.exists() and which == "best":
         path = Path(run_dir) / "last.pt"
+        logger.warning("%s has no best.pt (no validation yet): using last.pt", run_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: has {run_dir} been trained?")
     return path
 
 
@@ -43,8 +170,16 @@ def load_trained(
     return exp, model.eval()
 
 
-def trained_minutes(run_dir: str | Path) -> float:
-    """Wall-clock training time so far, summed over invocations (0 for a new run)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    records = read_metrics(path) if path.exists() else []
-    return records[-1]["elapsed"] / 60 if records else 0.0
+def training_status(run_dir: str | Path) -> dict[str, Any]:
+    """What the run has trained: ``iterations``, ``trained_minutes`` (summed over
+    invocations) and ``spent_total_budget`` (see ``TrainConfig.total_budget_minutes``);
+    zeros and None for a run that has no ``last.pt`` yet."""
+    path = Path(run_dir) / "last.pt"
+    if not path.exists():
+        return {"iterations": 0, "trained_minutes": 0.0, "spent_total_budget": None}
+    ckpt = load_checkpoint(path, required=("iteration",))
+    return {
+        "iterations": int(ckpt["iteration"]),
+        "trained_minutes": float(ckpt.get("elapsed", 0.0)) / 60,
+        "spent_total_budget": ckpt.get("spent_total_budget"),
+    }

@@ -30,14 +30,16 @@ from ..training import (
 )
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
+from ..training.loop import Callback
 from ..training.rng import seeded_init
-from .runs import load_trained
+from .runs import claim_run_dir, data_identity, load_trained
 
 __all__ = [
     "DEMO",
     "MMD_BANDWIDTH",
     "TexturesExperiment",
     "build_model",
+    "claim",
     "evaluate",
     "load_run",
     "run",
@@ -139,25 +141,42 @@ def texture_stream(dataset: str, dtype: torch.dtype):
     return sampler
 
 
-def run(
-    exp: TexturesExperiment, run_dir: str | Path, *, resume: bool = False, progress: bool = True
-) -> TrainResult:
-    """Train (or resume) one texture model in ``run_dir``."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if dd.is_main():
-        write_json(exp.to_dict(), run_dir / "experiment.json")
-    dtype = getattr(torch, exp.train.dtype)
+def claim(exp: TexturesExperiment, run_dir: str | Path, force: bool = False) -> dict:
+    """:func:`.runs.claim_run_dir` for ``exp``; returns its held-out splits.
 
+    The training stream is generated, so the data's identity is the hash of the held-out
+    splits that the same generator draws.
+    """
+    splits = _splits(exp, getattr(torch, exp.train.dtype))
+    claim_run_dir(run_dir, exp.to_dict(), data_identity(**splits), force=force)
+    return splits
+
+
+def run(
+    exp: TexturesExperiment,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    force: bool = False,
+    callback: Callback | None = None,
+) -> TrainResult:
+    """Train (or resume) one texture model in ``run_dir`` (``callback``: see ``train``).
+
+    ``run_dir`` must be new or hold the same preset and data (:func:`claim`); ``force``
+    deletes a mismatched one instead of raising.
+    """
+    splits = claim(exp, run_dir, force)
     return train(
         build_model(exp),
-        texture_stream(exp.dataset, dtype),
+        texture_stream(exp.dataset, getattr(torch, exp.train.dtype)),
         exp.train,
         run_dir,
-        val_data=_splits(exp, dtype)["val"],
+        val_data=splits["val"],
         objective=OBJECTIVES[exp.objective],
         resume=resume,
         progress=progress,
+        callback=callback,
     )
 
 

@@ -1,0 +1,103 @@
+"""Run identity: a run directory is reused or continued only for the same preset and data."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from grassflow.experiments.runs import (
+    RunMismatch,
+    checkpoint_path,
+    claim_run_dir,
+    data_identity,
+    training_status,
+)
+
+PRESET = {"system": "dw4", "source": "generated",
+          "train": {"lr": 1e-3, "iterations": 100, "total_budget_minutes": 1.0,
+                    "budget_minutes": None, "device": "auto", "betas": (0.9, 0.999)}}  # fmt: skip
+
+
+def preset(**train):
+    return {**PRESET, "train": {**PRESET["train"], **train}}
+
+
+def identity(x, path="/data/a"):
+    return {"source": "generated", "path": path, **data_identity(train=x)}
+
+
+X = np.arange(12.0).reshape(4, 3)
+
+
+def test_data_identity_is_a_content_hash():
+    # catches: a hash of the object (or of the path) rather than of the values and layout
+    same = data_identity(a=torch.tensor(X.copy()))["a"]
+    assert same == data_identity(a=X)["a"]
+    Y = X.copy()
+    Y[2, 1] += 1e-12
+    assert data_identity(a=Y)["a"] != same
+    assert data_identity(a=X.reshape(3, 4))["a"] != same  # same bytes, other shape
+    assert data_identity(a=X.astype(np.float32))["a"] != same
+
+
+def test_same_run_is_claimed_again_and_the_budget_may_grow(tmp_path):
+    run = tmp_path / "run"
+    claim_run_dir(run, preset(), identity(X))
+    assert json.loads((run / "experiment.json").read_text())["train"]["betas"] == [0.9, 0.999]
+    claim_run_dir(run, preset(), identity(X))  # the same run
+    # per-invocation budget, device and the data's location are not the run's identity
+    claim_run_dir(run, preset(budget_minutes=3.0, device="cpu"), identity(X, path="/elsewhere"))
+    # a longer run continues this one, and the preset records the new length
+    claim_run_dir(run, preset(total_budget_minutes=2.0, iterations=200), identity(X))
+    saved = json.loads((run / "experiment.json").read_text())["train"]
+    assert (saved["total_budget_minutes"], saved["iterations"]) == (2.0, 200)
+
+
+def test_mismatches_name_every_field(tmp_path):
+    # catches: a run reused for another preset, other data, or a smaller budget
+    run = tmp_path / "run"
+    claim_run_dir(run, preset(), identity(X))
+    with pytest.raises(RunMismatch, match="total_budget_minutes: 1.0 -> 0.5"):
+        claim_run_dir(run, preset(total_budget_minutes=0.5), identity(X))
+    with pytest.raises(RunMismatch) as info:
+        claim_run_dir(run, {**preset(lr=1e-4), "source": "klein"}, identity(X + 1))
+    message = str(info.value)
+    for field in ("train.lr: 0.001 -> 0.0001", "source: 'generated' -> 'klein'", "data.train"):
+        assert field in message
+    assert "--force" in message
+    with pytest.raises(RunMismatch, match=r"extra: '<missing>' -> 1"):
+        claim_run_dir(run, {**preset(), "extra": 1}, identity(X))
+    # nothing was overwritten by the refused claims
+    assert json.loads((run / "data.json").read_text()) == identity(X)
+
+
+def test_force_starts_afresh(tmp_path, caplog):
+    # catches: --force keeping the old run's checkpoints (a mix of two runs)
+    run = tmp_path / "run"
+    claim_run_dir(run, preset(), identity(X))
+    (run / "last.pt").write_bytes(b"old")
+    with caplog.at_level(logging.WARNING):
+        claim_run_dir(run, preset(lr=1e-4), identity(X), force=True)
+    assert not (run / "last.pt").exists() and "deleting" in caplog.text
+    assert json.loads((run / "experiment.json").read_text())["train"]["lr"] == 1e-4
+
+
+def test_checkpoints_without_a_preset_are_refused(tmp_path):
+    # catches: adopting a directory of unknown provenance
+    (tmp_path / "last.pt").write_bytes(b"x")
+    with pytest.raises(RunMismatch, match="no experiment.json"):
+        claim_run_dir(tmp_path, preset(), identity(X))
+
+
+def test_best_falls_back_to_last_loudly(tmp_path, caplog):
+    # catches: a silent fallback from best.pt to last.pt, and a missing file found late
+    with pytest.raises(FileNotFoundError, match="has .* been trained"):
+        checkpoint_path(tmp_path)
+    (tmp_path / "last.pt").write_bytes(b"x")
+    with caplog.at_level(logging.WARNING):
+        assert checkpoint_path(tmp_path) == tmp_path / "last.pt"
+    assert "no best.pt" in caplog.text
+    assert training_status(tmp_path / "new") == {
+        "iterations": 0, "trained_minutes": 0.0, "spent_total_budget": None}
