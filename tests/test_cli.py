@@ -4,8 +4,12 @@ import numpy as np
 import pytest
 import torch
 
+import grassflow.cli as cli
 from grassflow.cli import main
+from grassflow.experiments.fm_vs_mle import _summary, markdown_table
 from grassflow.manifolds import orthonormality_error
+from grassflow.training import distributed as dd
+from grassflow.training import loop as loop_module
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -38,17 +42,6 @@ def test_train_resume_eval_sample_plot(tmp_path, capsys):
     assert prior_png.stat().st_size > 10_000
 
 
-def test_demo_end_to_end(tmp_path, capsys):
-    out = tmp_path / "demo"
-    rc = main(["demo", "--out", str(out), "--budget-minutes", "0.02", "--no-progress",
-               "--atol", "1e-3", "--rtol", "1e-3"])
-    assert rc == 0
-    text = capsys.readouterr().out
-    assert "test NLL" in text and "uniform 1.838" in text
-    for name in ("textures.png", "antipodal.png", "prior.png", "eval.json", "last.pt"):
-        assert (out / name).stat().st_size > 0
-
-
 def test_train_with_flow_matching(tmp_path):
     run = tmp_path / "fm"
     rc = main(["train", "--dataset", "target", "--run-dir", str(run), "--objective", "fm",
@@ -61,7 +54,19 @@ def test_train_with_flow_matching(tmp_path):
     assert np.isfinite(json.loads((run / "eval.json").read_text())["test_nll"])
 
 
-def test_reproduce_fm_vs_mle_end_to_end(tmp_path):
+class TickingClock:
+    """Every reading of the training loop's clock advances it by 0.1 s (a fixed pace)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 0.1
+        return self.t
+
+
+def test_reproduce_fm_vs_mle_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop_module, "_now", TickingClock())
     out, runs = tmp_path / "out", tmp_path / "runs"
     args = ["reproduce", "fm-vs-mle", "--datasets", "target", "--out", str(out), "--runs",
             str(runs), "--budget-minutes-per-dataset", "0.03", "--no-progress",
@@ -75,15 +80,79 @@ def test_reproduce_fm_vs_mle_end_to_end(tmp_path):
         assert points and all(np.isfinite(p["test_nll"]) for p in points)
         seconds = [p["seconds"] for p in points]
         assert seconds == sorted(seconds)
-    mle = res["summary"]["mle"]
-    assert mle["best_nll"] == min(p["test_nll"] for p in res["curves"]["mle"])
-    assert mle["time_ratio_over_mle"] == 1.0
+    # the summary must describe these curves (its arithmetic is checked on known curves in
+    # test_fm_vs_mle_summary_on_known_curves); catches a summary computed from other points
+    mle_points = res["curves"]["mle"]
+    target = min(p["test_nll"] for p in mle_points)
+    t_mle = next(p["seconds"] for p in mle_points if p["test_nll"] == target)
+    assert res["summary"]["mle"]["best_nll"] == target
+    assert res["summary"]["mle"]["seconds_to_mle_best"] == t_mle
+    ot = res["summary"]["fm-ot"]
+    assert ot["best_nll"] == min(p["test_nll"] for p in res["curves"]["fm-ot"])
+    reached = [p["seconds"] for p in res["curves"]["fm-ot"] if p["test_nll"] <= target]
+    if reached:
+        assert ot["seconds_to_mle_best"] == reached[0]
+        assert ot["time_ratio_over_mle"] == pytest.approx(reached[0] / t_mle, rel=1e-12)
+    else:
+        assert ot["seconds_to_mle_best"] is None and ot["time_ratio_over_mle"] is None
     assert (out / "fm_vs_mle.png").stat().st_size > 10_000
-    # a rerun reuses the finished curves instead of training again
-    (runs / "target-mle" / "last.pt").unlink()
+    # catches: a rerun with the same budget training again or re-evaluating the snapshots
+    stamps = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}
     assert main(args) == 0
     assert json.loads((out / "fm_vs_mle.json").read_text()) == result
-    assert not (runs / "target-mle" / "last.pt").exists()
+    changed = [p.name for p in runs.rglob("*") if p.is_file() and p.stat().st_mtime_ns
+               != stamps.get(p)]  # fmt: skip
+    assert set(changed) <= {"config.json", "experiment.json", "data.json"}, changed
+    # catches: a larger budget restarting (or not continuing) the runs
+    snaps = sorted(p.name for p in (runs / "target-mle" / "snapshots").glob("*.pt"))
+    iterations = res["summary"]["mle"]["iterations"]
+    assert main([*args[:-4], "--budget-minutes-per-dataset", "0.06", "--no-progress",
+                 "--objectives", "fm-ot", "mle"]) == 0  # fmt: skip
+    more = json.loads((out / "fm_vs_mle.json").read_text())["datasets"]["target"]
+    assert more["summary"]["mle"]["iterations"] > iterations
+    assert more["curves"]["mle"][: len(snaps)] == res["curves"]["mle"]  # kept, not redone
+    assert len(more["curves"]["mle"]) > len(snaps)
+
+
+def _curve(*points):
+    return [{"seconds": s, "iteration": i, "test_nll": v, "test_nll_sem": 0.01}
+            for s, i, v in points]  # fmt: skip
+
+
+def test_fm_vs_mle_summary_on_known_curves():
+    # catches: best NLL taken from the last point, time to the target measured to the wrong
+    # point (last, best of the objective itself, first below a strict <), ratio inverted,
+    # or an objective that never reaches the target given a number instead of None
+    curves = {
+        # MLE's best (1.2) is neither its first nor its last point; it is reached at 40 s
+        "mle": _curve((10, 100, 2.0), (20, 200, 1.5), (40, 400, 1.2), (80, 800, 1.3)),
+        # reaches exactly 1.2 at 10 s (<= counts), and goes on to a better 1.0 at 30 s
+        "fm": _curve((1, 1000, 1.9), (5, 5000, 1.25), (10, 10_000, 1.2), (30, 30_000, 1.0)),
+        # never gets to 1.2
+        "fm-ot": _curve((2, 100, 1.8), (4, 200, 1.5), (8, 400, 1.21)),
+    }
+    s = _summary(curves)
+    assert (s["mle"]["best_nll"], s["fm"]["best_nll"], s["fm-ot"]["best_nll"]) == (1.2, 1.0, 1.21)
+    assert s["mle"]["seconds_to_mle_best"] == 40
+    assert s["mle"]["time_ratio_over_mle"] == 1.0
+    assert s["fm"]["seconds_to_mle_best"] == 10
+    assert s["fm"]["time_ratio_over_mle"] == pytest.approx(0.25)  # FM 4x faster than MLE
+    assert s["fm-ot"]["seconds_to_mle_best"] is None
+    assert s["fm-ot"]["time_ratio_over_mle"] is None
+    # slower than MLE: ratio above one
+    slow = _summary({"mle": curves["mle"], "fm": _curve((50, 10, 1.3), (100, 20, 1.1))})
+    assert slow["fm"]["seconds_to_mle_best"] == 100
+    assert slow["fm"]["time_ratio_over_mle"] == pytest.approx(2.5)
+    # the table says "not reached" for fm-ot and gives FM's ratio
+    for summary in s.values():  # the run's own numbers, which compare() adds
+        summary.setdefault("iterations", 1)
+        summary.setdefault("trained_minutes", 1.0)
+    table = markdown_table({"budget_minutes": 1, "objectives": list(curves),
+                            "datasets": {"2sines": {"curves": curves, "summary": s}}})
+    rows = {line.split("|")[2].strip(): line for line in table.splitlines()
+            if line.startswith("| 2sines")}  # fmt: skip
+    assert "not reached" in rows["FM-OT"] and "(0.25)" in rows["FM"]
+    assert "not reached" not in rows["MLE"] and "not reached" not in rows["FM"]
 
 
 def test_cli_errors(tmp_path, capsys):
@@ -91,3 +160,79 @@ def test_cli_errors(tmp_path, capsys):
     assert "experiment.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "--dataset", "nope", "--run-dir", str(tmp_path)])
+
+
+@pytest.fixture
+def shutdowns(monkeypatch):
+    """Count calls of the distributed shutdown that `main` must always make."""
+    calls = []
+    monkeypatch.setattr(dd, "shutdown", lambda: calls.append(1))
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    return calls
+
+
+def test_user_error_is_one_line_with_a_hint(tmp_path, capsys, shutdowns):
+    # catches: a traceback dumped on users for a missing file, a zero exit code, or the
+    # process group left open (a torchrun job that hangs) after an error
+    assert main(["eval", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("grassflow eval: error: ") and "experiment.json" in err
+    assert "(rerun with --debug for the traceback)" in err
+    assert shutdowns == [1]
+
+
+@pytest.mark.parametrize("how", ["--debug first", "--debug last", "env"])
+def test_debug_shows_the_traceback(tmp_path, capsys, monkeypatch, shutdowns, how):
+    # catches: --debug (before or after the subcommand) or GRASSFLOW_DEBUG=1 ignored
+    argv = ["eval", str(tmp_path / "missing")]
+    if how == "--debug first":
+        argv = ["--debug", *argv]
+    elif how == "--debug last":
+        argv = [*argv, "--debug"]
+    else:
+        monkeypatch.setenv(cli.DEBUG_ENV, "1")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "FileNotFoundError" in err
+    assert "_run_kind" in err  # the frame that raised
+    assert err.rstrip().splitlines()[-1].startswith("grassflow eval: error: ")
+    assert "rerun with --debug" not in err
+    assert shutdowns == [1]
+
+
+def test_debug_env_zero_is_off(tmp_path, capsys, monkeypatch, shutdowns):
+    # catches: GRASSFLOW_DEBUG=0 read as "set"
+    monkeypatch.setenv(cli.DEBUG_ENV, "0")
+    assert main(["eval", str(tmp_path / "missing")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_internal_errors_keep_their_traceback_and_shut_down(monkeypatch, shutdowns):
+    # catches: a bug (not a user error) swallowed into exit code 2, or the shutdown
+    # skipped when an unexpected exception propagates
+    def broken(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "cmd_eval", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["eval", "anywhere"])
+    assert shutdowns == [1]
+
+
+def test_success_and_divergence_shut_down(monkeypatch, capsys, shutdowns):
+    # catches: the shutdown run only on some exit paths; a diverged run not exit code 3
+    from grassflow.training import TrainingDiverged
+
+    monkeypatch.setattr(cli, "cmd_eval", lambda args: print("fine"))
+    assert main(["eval", "anywhere"]) == 0
+    assert shutdowns == [1]
+
+    def diverge(args):
+        raise TrainingDiverged("loss is nan at iteration 7", result=None)
+
+    monkeypatch.setattr(cli, "cmd_eval", diverge)
+    assert main(["eval", "anywhere"]) == 3
+    err = capsys.readouterr().err
+    assert "training diverged: loss is nan at iteration 7" in err and "Traceback" not in err
+    assert shutdowns == [1, 1]

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
+import traceback
 from pathlib import Path
 
 __all__ = ["main"]
+
+DEBUG_ENV = "GRASSFLOW_DEBUG"
+"""Environment variable: set to anything but ``""`` or ``"0"`` to act as ``--debug``."""
+
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError,
+               NotADirectoryError, PermissionError)
+"""Exceptions reported as a one-line error (exit code 2): bad arguments, input files or run
+directories, and the library's validation ``ValueError``s. Anything else is a bug and keeps
+its traceback. ``--debug`` (or ``$GRASSFLOW_DEBUG=1``) shows the traceback of these too."""
 
 
 PARTICLE_SYSTEMS = ("dw4", "lj13")
@@ -23,7 +34,12 @@ def _add_particle_data_options(g) -> None:
 def _add_train_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("overrides of the preset (paper values by default)")
     g.add_argument("--budget-minutes", type=float, help="wall-clock budget of this invocation")
-    g.add_argument("--iterations", type=int)
+    g.add_argument(
+        "--iterations", type=int,
+        help="total optimizer steps of the run (across resumes); training stops at this count "
+             "or at the wall-clock budget, whichever comes first. With a generous budget the "
+             "amount of training, and the result, do not depend on the machine's speed",
+    )
     g.add_argument("--batch-size", type=int)
     g.add_argument("--lr", type=float)
     g.add_argument("--grad-clip", type=float, help="clip the gradient norm to this value")
@@ -85,8 +101,8 @@ def cmd_demo(args) -> None:
     if resume:
         print(f"resuming the demo run in {out} (delete it to start over)")
     print(
-        f"training GrCNF on '{exp.dataset}' (Gr(1,3)) for {exp.train.budget_minutes:g} min; "
-        f"run directory {out}"
+        f"training GrCNF on '{exp.dataset}' (Gr(1,3)) for {exp.train.iterations:,} iterations "
+        f"or {exp.train.budget_minutes:g} min, whichever comes first; run directory {out}"
     )
     tx.run(exp, out, resume=resume, progress=not args.no_progress)
     result = tx.evaluate(out)
@@ -187,6 +203,7 @@ def cmd_reproduce_textures(args) -> None:
         datasets=tuple(args.datasets),
         base=base,
         progress=not args.no_progress,
+        force=args.force,
     )
     for row in rows:
         _print_eval(row)
@@ -198,7 +215,7 @@ def cmd_reproduce_fm_vs_mle(args) -> None:
 
     result = fm_vs_mle.compare(
         args.out, args.runs, tuple(args.datasets), args.budget_minutes_per_dataset,
-        objectives=tuple(args.objectives), progress=not args.no_progress,
+        objectives=tuple(args.objectives), progress=not args.no_progress, force=args.force,
     )
     print(fm_vs_mle.markdown_table(result))
 
@@ -211,7 +228,7 @@ def cmd_reproduce_table1(args) -> None:
         args.out, args.runs, systems=tuple(args.system), protocols=tuple(args.protocol),
         sizes=sizes, seeds=tuple(args.seeds), budget_minutes=args.budget,
         objective=args.objective, prior=args.prior, source=args.source, data_dir=args.data_dir,
-        progress=not args.no_progress,
+        progress=not args.no_progress, force=args.force,
     )
     print(table1.markdown_table(result))
 
@@ -223,7 +240,8 @@ def cmd_reproduce_table2(args) -> None:
         objective=args.objective, prior=args.prior, flow_minutes=args.budget,
         scale_minutes=args.scale_budget, cache_dir=args.cache_dir,
     )
-    result = qm9_report.reproduce(args.out, args.runs, exp, progress=not args.no_progress)
+    result = qm9_report.reproduce(args.out, args.runs, exp, progress=not args.no_progress,
+                                  force=args.force)
     print(qm9_report.markdown_table(result))
 
 
@@ -255,13 +273,37 @@ def cmd_data_compare(args) -> None:
 DATA_SIZES = {"dw4": 102_000, "lj13": 12_000}
 
 
+def _debug_option(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument(
+        "--debug", action="store_true", default=default,
+        help=f"on an error, print the full traceback (also: {DEBUG_ENV}=1)",
+    )
+
+
+class _Subcommands:
+    """``add_parser`` that also accepts the global ``--debug`` after the subcommand."""
+
+    def __init__(self, action):
+        self.action = action
+        self.common = argparse.ArgumentParser(add_help=False)
+        # SUPPRESS: a subcommand without --debug leaves the top-level value alone
+        _debug_option(self.common, argparse.SUPPRESS)
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        return self.action.add_parser(name, parents=[self.common], **kwargs)
+
+    def add_subparsers(self, parser: argparse.ArgumentParser, **kwargs) -> _Subcommands:
+        return _Subcommands(parser.add_subparsers(**kwargs))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .data.textures import TEXTURES
 
     parser = argparse.ArgumentParser(
         prog="grassflow", description="Continuous normalizing flows on Grassmann manifolds."
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    _debug_option(parser, False)
+    sub = _Subcommands(parser.add_subparsers(dest="command", required=True))
 
     p = sub.add_parser("demo", help="train on a texture for ~3 minutes, plot, print NLLs")
     p.add_argument("--dataset", default="2spirals", choices=TEXTURES)
@@ -301,26 +343,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sigma2", type=float, default=0.5, help="prior variance for --prior")
     p.set_defaults(func=cmd_plot)
 
-    rep = sub.add_parser("reproduce", help="regenerate a paper experiment").add_subparsers(
-        dest="experiment", required=True
+    rep = sub.add_subparsers(
+        sub.add_parser("reproduce", help="regenerate a paper experiment"),
+        dest="experiment", required=True,
     )
     p = rep.add_parser("textures", help="paper §5.1: five textures, Figures 3-4, NLL table")
     p.add_argument("--out", default="results/textures", help="figures and tables")
     p.add_argument("--runs", default="runs/textures", help="run directories (checkpoints)")
-    p.add_argument("--budget-minutes-per-dataset", type=float, default=10.0)
+    p.add_argument("--budget-minutes-per-dataset", type=float, default=10.0,
+                   help="training minutes per dataset, in total over reruns")
     p.add_argument("--datasets", nargs="+", default=list(TEXTURES), choices=TEXTURES)
     _add_train_options(p)
+    p.add_argument("--force", action="store_true",
+                   help="retrain run directories that hold another preset or other data "
+                        "(deletes them) instead of stopping with an error")
     p.set_defaults(func=cmd_reproduce_textures)
 
     p = rep.add_parser("fm-vs-mle", help="test NLL against wall-clock, MLE vs flow matching")
     p.add_argument("--out", default="results/fm_vs_mle")
     p.add_argument("--runs", default="runs/fm_vs_mle")
     p.add_argument("--budget-minutes-per-dataset", type=float, default=10.0,
-                   help="training minutes per objective and dataset")
+                   help="training minutes per objective and dataset, in total over reruns")
     p.add_argument("--datasets", nargs="+", default=list(TEXTURES), choices=TEXTURES)
     p.add_argument("--objectives", nargs="+", default=["mle", "fm"], choices=OBJECTIVE_NAMES,
                    help="objectives to compare (MLE is always the reference)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--force", action="store_true",
+                   help="retrain run directories that hold another preset or other data "
+                        "(deletes them) instead of stopping with an error")
     p.set_defaults(func=cmd_reproduce_fm_vs_mle)
 
     p = rep.add_parser("table1", help="paper §5.2: DW4/LJ13 test NLL vs training size")
@@ -329,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("com-free", "paper"))
     p.add_argument("--sizes", nargs="+", type=int, help="training sizes (default: the paper's)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--budget", type=float, default=1.0, help="training minutes per run")
+    p.add_argument("--budget", type=float, default=1.0,
+                   help="training minutes per run, in total over reruns (a larger one continues)")
     p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
     p.add_argument("--prior", default="uniform", choices=("gaussian", "uniform"),
                    help="base distribution (the paper's is gaussian; see the README)")
@@ -337,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/table1")
     p.add_argument("--runs", default="runs/table1")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--force", action="store_true",
+                   help="retrain run directories that hold another preset or other data "
+                        "(deletes them) instead of stopping with an error")
     p.set_defaults(func=cmd_reproduce_table1)
 
     p = rep.add_parser("table2", help="paper §5.3: QM9 positional, exact NLL and JSD")
@@ -349,10 +403,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/table2")
     p.add_argument("--runs", default="runs/table2")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--force", action="store_true",
+                   help="retrain run directories that hold another preset or other data "
+                        "(deletes them) instead of stopping with an error")
     p.set_defaults(func=cmd_reproduce_table2)
 
-    data = sub.add_parser("data", help="make or check DW4/LJ13 datasets").add_subparsers(
-        dest="data_command", required=True
+    data = sub.add_subparsers(
+        sub.add_parser("data", help="make or check DW4/LJ13 datasets"),
+        dest="data_command", required=True,
     )
     p = data.add_parser("make", help="sample DW4 or LJ13 by MCMC into OUT/<system>.npy")
     p.add_argument("system", choices=PARTICLE_SYSTEMS)
@@ -375,22 +433,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _report(args, what: str, err: BaseException) -> None:
+    """One line on stderr; the traceback first under ``--debug`` or ``$GRASSFLOW_DEBUG``."""
+    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    if debug:
+        traceback.print_exception(err, file=sys.stderr)
+    hint = "" if debug else " (rerun with --debug for the traceback)"
+    print(f"grassflow {args.command}: {what}: {err}{hint}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit code.
+
+    0: done. 2: a user error (:data:`USER_ERRORS`: bad arguments, missing or existing files,
+    invalid values), reported in one line. 3: training diverged. Other exceptions propagate
+    with their traceback. Under torchrun the process group is left in every case.
+    """
     from .training import TrainingDiverged
     from .training import distributed as dd
 
     args = build_parser().parse_args(argv)
-    dd.init()  # under `torchrun --nproc_per_node N`: join the job (a no-op otherwise)
     try:
+        dd.init()  # under `torchrun --nproc_per_node N`: join the job (a no-op otherwise)
         with dd.quiet_unless_main():
             args.func(args)
     except TrainingDiverged as err:
-        print(f"grassflow {args.command}: training diverged: {err}", file=sys.stderr)
+        _report(args, "training diverged", err)
         return 3
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
-        print(f"grassflow {args.command}: error: {err}", file=sys.stderr)
+    except USER_ERRORS as err:
+        _report(args, "error", err)
         return 2
-    dd.shutdown()
+    finally:
+        dd.shutdown()
     return 0
 
 
