@@ -40,7 +40,7 @@ from grassflow.training.flow_matching import flow_matching_losses
 from grassflow.training.rng import derive_seed
 
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GRASSFLOW_DIST_TIMEOUT_S": "60"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GRASSFLOW_DIST_TIMEOUT_S": "300"}
 
 
 def tiny_flow() -> GrCNF:
@@ -116,7 +116,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)  # as conftest.py does in the parent
     out = Path(out)
-    assert dd.init(timeout_s=60) and dd.world() == world and dd.rank() == rank
+    assert dd.init(timeout_s=300) and dd.world() == world and dd.rank() == rank
     result = {
         "mle": run_training(out / "mle"),
         "fm": run_training(out / "fm", objective=fm_fixed),
@@ -301,13 +301,13 @@ def test_killed_rank_stops_the_job_and_a_restart_resumes(tmp_path):
     run_dir = tmp_path / "run"
     job = torchrun(str(script), str(run_dir), "1000000")
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 600  # a guard against a hang, generous for a busy machine
         while not (run_dir / "last.pt").exists() or not (tmp_path / "pid1").exists():
             assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()
             time.sleep(0.2)
         time.sleep(0.5)
         os.kill(int((tmp_path / "pid1").read_text()), signal.SIGKILL)
-        job.wait(timeout=60)  # torchrun tears the other rank down: no hang
+        job.wait(timeout=600)  # torchrun tears the other rank down: no hang
     finally:
         if job.poll() is None:
             job.kill()
@@ -315,9 +315,10 @@ def test_killed_rank_stops_the_job_and_a_restart_resumes(tmp_path):
     saved = load_checkpoint(run_dir / "last.pt")["iteration"]
     assert saved >= 5
     again = torchrun(str(script), str(run_dir), str(saved + 10))
-    text, _ = again.communicate(timeout=120)
+    text, _ = again.communicate(timeout=600)
     assert again.returncode == 0, text
-    assert f"iterations {saved + 10}" in text
+    # (the two ranks' prints may interleave, so the checkpoint is the witness)
+    assert load_checkpoint(run_dir / "last.pt")["iteration"] == saved + 10
     its = [r["iteration"] for r in read_metrics(run_dir / "metrics.jsonl")]
     assert its == list(range(5, saved + 11, 5))  # nothing past the checkpoint is kept twice
 
