@@ -46,6 +46,24 @@ class MatrixGaussianPrior(Distribution):
     Jacobian and keeps only one preimage; a change of variables divides, and the Cayley map
     is 2^r-to-one onto Gr(k, D), so the paper's expression does not integrate to one.
 
+    Singular set (r >= 2). With principal angles theta_i from [M] to [X], the preimages have
+    singular values ``s_i = 2 tan(theta_i/2)`` or ``-2 cot(theta_i/2)``, and the Jacobian's pair
+    factor ``|1 - s_i^2 s_j^2 / 16|`` vanishes where ``s_i s_j = +-4``: for the mixed preimages
+    (one of i, j flipped) exactly where ``theta_i = theta_j``, and for the principal and the
+    doubly flipped ones where ``theta_i = theta_j = pi/2``. So p is infinite wherever two of the
+    r free principal angles coincide and are positive, e.g. on the subspace farthest from M
+    (all theta = pi/2) whenever r >= 2. Near a point where exactly two coincide,
+    ``p ~ C / |theta_i - theta_j|`` with C > 0 (``log p + log |theta_i - theta_j|`` has a
+    finite limit); where more coincide the pair factors multiply. The Riemannian volume
+    vanishes there like ``prod_{i<j} |cos^2 theta_i - cos^2 theta_j|``, so p is integrable (it
+    is the density of :meth:`rsample`) but ``p^2`` is not: a Monte Carlo estimate of
+    ``int p`` from uniform draws has infinite variance. Through the preimages with
+    ``s_i^2 + s_j^2 >= 8``, C is at most about ``exp(-4 / sigma^2)`` times the mode's density
+    for ``row_cov = sigma^2 I``, ``col_cov = I``: negligible for small sigma, not for sigma ~ 1.
+    Equal angles at 0 (in particular the mean itself) are regular, and for r = 1 (k = 1, or
+    e.g. Gr(2, 3)) p is bounded. On the singular set :meth:`log_prob` returns ``+inf`` or,
+    depending on rounding in the pair factor, a large finite value (about ``log(1 / eps)``).
+
     Args:
         manifold: Gr(k, D).
         mean: ``M: (D, k)`` orthonormal, stored as ``loc``; default the first k columns of
