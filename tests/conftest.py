@@ -23,3 +23,22 @@ def random_orthogonal(k: int, reflect: bool = True) -> torch.Tensor:
 def mc_tolerance(samples: torch.Tensor, n_sigma: float = 4.0) -> float:
     """Tolerance of a Monte Carlo mean: ``n_sigma`` standard errors."""
     return n_sigma * samples.std().item() / samples.numel() ** 0.5
+
+
+@pytest.fixture
+def fixed_pace(monkeypatch):
+    """``fixed_pace(step)`` makes every reading of the training loop's clock advance it by
+    ``step`` seconds: a machine of fixed pace, so that a wall-clock budget buys the same
+    number of iterations however busy the real machine is."""
+    from grassflow.training import loop
+
+    def install(step: float) -> None:
+        t = [0.0]
+
+        def now() -> float:
+            t[0] += step
+            return t[0]
+
+        monkeypatch.setattr(loop, "_now", now)
+
+    return install

@@ -162,6 +162,7 @@ def gamma_pair_log_prob(a, rate_of):
     return f
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["eigen", "gram"])
 def test_normalization_monte_carlo(model):
     n, k, N, s = 3, 2, 200_000, 1.2

@@ -9,11 +9,11 @@ from grassflow.cli import main
 from grassflow.experiments.fm_vs_mle import _summary, markdown_table
 from grassflow.manifolds import orthonormality_error
 from grassflow.training import distributed as dd
-from grassflow.training import loop as loop_module
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
+@pytest.mark.slow
 def test_train_resume_eval_sample_plot(tmp_path, capsys):
     run = tmp_path / "run"
     args = ["train", "--dataset", "2sines", "--run-dir", str(run), "--batch-size", "16",
@@ -42,6 +42,7 @@ def test_train_resume_eval_sample_plot(tmp_path, capsys):
     assert prior_png.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_train_with_flow_matching(tmp_path):
     run = tmp_path / "fm"
     rc = main(["train", "--dataset", "target", "--run-dir", str(run), "--objective", "fm",
@@ -54,19 +55,9 @@ def test_train_with_flow_matching(tmp_path):
     assert np.isfinite(json.loads((run / "eval.json").read_text())["test_nll"])
 
 
-class TickingClock:
-    """Every reading of the training loop's clock advances it by 0.1 s (a fixed pace)."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        self.t += 0.1
-        return self.t
-
-
-def test_reproduce_fm_vs_mle_end_to_end(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop_module, "_now", TickingClock())
+@pytest.mark.slow
+def test_reproduce_fm_vs_mle_end_to_end(tmp_path, fixed_pace):
+    fixed_pace(0.1)
     out, runs = tmp_path / "out", tmp_path / "runs"
     args = ["reproduce", "fm-vs-mle", "--datasets", "target", "--out", str(out), "--runs",
             str(runs), "--budget-minutes-per-dataset", "0.03", "--no-progress",

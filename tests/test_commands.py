@@ -14,7 +14,7 @@ import torch
 
 from grassflow.cli import main
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.slow]
 
 FAST = ["--no-progress", "--atol", "1e-3", "--rtol", "1e-3"]
 # a budget far above the seconds these runs take: the iteration count ends training, and a

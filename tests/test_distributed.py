@@ -40,6 +40,8 @@ from grassflow.training.flow_matching import flow_matching_losses
 from grassflow.training.rng import derive_seed
 
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+pytestmark = pytest.mark.slow  # spawns processes (gloo, torchrun)
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GRASSFLOW_DIST_TIMEOUT_S": "300"}
 
 

@@ -79,6 +79,7 @@ def isotropic_log_prob(theta, D):
     return torch.logsumexp(torch.tensor(terms), 0).item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k,D", CASES)
 @pytest.mark.parametrize("sigma", [0.5, 1.0])
 def test_prior_integrates_to_one(k, D, sigma):

@@ -164,6 +164,7 @@ def test_flow_matching_objective_matches_the_closed_form_with_learned_T():
     assert abs(mutated - mean) > 20 * sem
 
 
+@pytest.mark.slow
 def test_flow_matching_model_beats_uniform_on_gr13():
     torch.manual_seed(1)
     gr = Grassmann(1, 3)

@@ -63,6 +63,11 @@ def prior_log_prob(model: GrCNF, Y: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("k,D", CASES)
 def test_normalized_under_uniform_samples(k, D, prior, kw):
     # V_Gr E_{U ~ uniform}[p(U)] = int p dvol = 1
+    if prior == "gaussian" and min(k, D - k) >= 2:
+        # the Cayley prior (and so the flow) has p ~ 1/gap near equal principal angles: p^2 is
+        # not integrable, so these weights have no variance and no standard error bounds the
+        # test. test_normalized_under_model_samples (weights 1/p, bounded) covers this case.
+        pytest.skip("uniform-sample weights have infinite variance for this prior")
     model = make_flow(k, D, prior=prior, **kw)
     gr = model.manifold
     U = gr.random(3000)
@@ -284,6 +289,7 @@ def test_fixed_T_is_a_buffer():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["sqrt_T", "weight"])
 def test_gradient_matches_finite_differences(which):
     model = make_flow(2, 4, atol=1e-11, rtol=1e-11)

@@ -11,14 +11,13 @@ from scipy.spatial.distance import jensenshannon, pdist
 from grassflow.data import qm9 as qm9data
 from grassflow.data.shapes import helmert_basis
 from grassflow.experiments import qm9, qm9_report
-from grassflow.training import loop as loop_module
 
 try:
     qm9data.qm9pack_data_dir()
 except ImportError:
     pytest.skip("qm9pack is not installed (pip install -e '.[qm9]')", allow_module_level=True)
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.slow]
 
 
 def jsd_by_hand(X, Z, eps=1e-10):
@@ -34,19 +33,8 @@ def jsd_by_hand(X, Z, eps=1e-10):
     return jensenshannon(hist(X), hist(Z)) ** 2
 
 
-class TickingClock:
-    """Each reading of the training loop's clock advances it by 0.2 s (a fixed pace)."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        self.t += 0.2
-        return self.t
-
-
-def test_reproduce_table2_tiny(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop_module, "_now", TickingClock())
+def test_reproduce_table2_tiny(tmp_path, fixed_pace):
+    fixed_pace(0.2)
     exp = qm9.QM9Experiment(flow_minutes=0.05, scale_minutes=0.05, n_val=16, n_test=24,
                             cache_dir=str(tmp_path / "cache"), atol=1e-4, rtol=1e-4)  # fmt: skip
     out, runs = tmp_path / "out", tmp_path / "runs"
@@ -78,7 +66,7 @@ def test_reproduce_table2_tiny(tmp_path, monkeypatch):
     # rerunning with the same budget trains no further and gives the same model, even on a
     # machine ten times faster (catches a resume that depends on the machine's pace)
     _, models = qm9.load_run(runs)
-    monkeypatch.setattr(loop_module, "_now", lambda c=TickingClock(): c() / 10)
+    fixed_pace(0.02)
     qm9.run(exp, runs, progress=False)
     _, again = qm9.load_run(runs)
     for name in ("flow", "scale", "decoder"):

@@ -118,6 +118,7 @@ def test_elbo_is_exact_for_an_equivariant_gram_density():
         assert torch.allclose(bound, exact, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_elbo_below_iwae_below_exact():
     # catches an IWAE that is not log-mean-exp over the Haar draws (a missing - log L, the
     # ELBO's mean of logs, draws over SO(2) only) and a quadrature reference that disagrees

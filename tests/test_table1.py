@@ -9,7 +9,6 @@ import pytest
 from grassflow.cli import main
 from grassflow.experiments import particles as px
 from grassflow.experiments import table1
-from grassflow.training import loop as loop_module
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -47,25 +46,14 @@ def test_paper_presets():
         px.ParticleExperiment(system="dw5")
 
 
-class TickingClock:
-    """Every reading of the training loop's clock advances it by 0.5 s: a machine of fixed
-    pace, so budgets buy a known number of iterations whatever the load."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        self.t += 0.5
-        return self.t
-
-
 def _iterations(runs):
     return {d.name: json.loads((d / "eval.json").read_text())["iterations"]
             for d in sorted(runs.iterdir())}  # fmt: skip
 
 
-def test_reproduce_table1_end_to_end_and_resume(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop_module, "_now", TickingClock())
+@pytest.mark.slow
+def test_reproduce_table1_end_to_end_and_resume(tmp_path, fixed_pace):
+    fixed_pace(0.5)
     data = fake_data(tmp_path / "data")
     out, runs = tmp_path / "out", tmp_path / "runs"
     args = ["reproduce", "table1", "--system", "dw4", "--sizes", "20", "--seeds", "0", "1",
@@ -104,9 +92,10 @@ def test_reproduce_table1_end_to_end_and_resume(tmp_path, monkeypatch):
                          budget_minutes=0.05, data_dir=data, progress=False)  # fmt: skip
 
 
-def test_table1_refuses_runs_of_other_data(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_table1_refuses_runs_of_other_data(tmp_path, fixed_pace):
     # catches: runs trained on one data file being reused or resumed for another
-    monkeypatch.setattr(loop_module, "_now", TickingClock())
+    fixed_pace(0.5)
     data, out, runs = fake_data(tmp_path / "data"), tmp_path / "out", tmp_path / "runs"
     kw = dict(systems=("dw4",), protocols=("com-free",), sizes={"dw4": (20,)}, seeds=(0,),
               budget_minutes=0.05, data_dir=data, progress=False)  # fmt: skip
@@ -137,6 +126,7 @@ def test_table1_markdown_has_paper_columns():
     assert "trained 0.90–1.02 min, 50–1,200 iterations" in md  # what ran, not what was asked
 
 
+@pytest.mark.slow
 def test_train_and_eval_on_particles(tmp_path, capsys):
     data = fake_data(tmp_path / "data", "lj13", n=2050)
     run = tmp_path / "run"
