@@ -5,7 +5,7 @@ density with respect to the Riemannian volume of Gr(k, D) under the metric ``tr(
 """
 
 from .distributions import MatrixGaussianPrior, UniformGrassmann
-from .flows import GrCNF
+from .flows import GrCNF, ShapeFlow
 from .manifolds import Grassmann
 from .nn import GrassmannField, Potential
 from .ode import odeint_grassmann
@@ -16,6 +16,7 @@ __all__ = [
     "GrassmannField",
     "MatrixGaussianPrior",
     "Potential",
+    "ShapeFlow",
     "UniformGrassmann",
     "odeint_grassmann",
 ]

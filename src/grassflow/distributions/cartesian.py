@@ -90,10 +90,13 @@ __all__ = [
     "cartesian_log_prob",
     "cartesian_log_prob_gram",
     "log_jacobian",
+    "log_jacobian_gram",
     "log_volume_orthogonal",
     "random_orthogonal",
     "shape_factor",
     "wishart_eigenvalue_log_prob",
+    "wishart_log_prob",
+    "wishart_sample",
 ]
 
 
@@ -243,6 +246,53 @@ def wishart_eigenvalue_log_prob(lam: Tensor, dof: float, scale: float | Tensor =
     )
 
 
+def wishart_log_prob(S: Tensor, dof: Tensor | float, V: Tensor) -> Tensor:
+    """Log-density of the Wishart W_k(dof, V) on SPD(k), Lebesgue on the entries i <= j.
+
+    ``((dof - k - 1)/2) log det S - tr(V^-1 S)/2 - (dof k/2) log 2 - (dof/2) log det V -
+    log Gamma_k(dof/2)`` (Muirhead Thm 3.2.1); its mean is ``dof V``. Equivariant:
+    ``W(Q^T S Q; dof, Q^T V Q) = W(S; dof, V)`` for Q in O(k).
+
+    Args:
+        S: ``(..., k, k)`` SPD.
+        dof: ``> k - 1``, a float or a tensor broadcastable to ``S.shape[:-2]``.
+        V: ``(..., k, k)`` SPD scale matrix.
+
+    Returns:
+        ``(...)``.
+    """
+    k = S.shape[-1]
+    dof = torch.as_tensor(dof, dtype=S.dtype, device=S.device)
+    L = torch.linalg.cholesky(V)
+    logdet_V = 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+    logdet_S = torch.linalg.slogdet(S)[1]
+    trace = torch.cholesky_solve(S, L).diagonal(dim1=-2, dim2=-1).sum(-1)
+    return (0.5 * (dof - k - 1) * logdet_S - 0.5 * trace - 0.5 * dof * k * math.log(2.0)
+            - 0.5 * dof * logdet_V - torch.mvlgamma(0.5 * dof, p=k))  # fmt: skip
+
+
+def wishart_sample(
+    dof: Tensor, V: Tensor, generator: torch.Generator | None = None
+) -> Tensor:
+    """Draws ``S ~ W_k(dof, V)``, ``(..., k, k)``, by the Bartlett decomposition.
+
+    ``S = L A A^T L^T`` with ``L = chol(V)``, A lower triangular, ``A_ii^2 ~ chi^2(dof - i)``
+    (i = 0 .. k-1) and standard normal entries below the diagonal.
+    """
+    k = V.shape[-1]
+    dof = torch.as_tensor(dof, dtype=V.dtype, device=V.device).expand(V.shape[:-2])
+    seed = int(torch.randint(2**62, (1,), generator=generator))
+    # torch's gamma sampler takes no generator: draw it in a forked, seeded global RNG
+    with torch.random.fork_rng(devices=[] if V.device.type == "cpu" else [V.device]):
+        torch.manual_seed(seed)
+        df = dof.unsqueeze(-1) - torch.arange(k, dtype=V.dtype, device=V.device)
+        chi2 = torch.distributions.Chi2(df).sample()
+        A = torch.randn(*V.shape, dtype=V.dtype, device=V.device).tril(-1)
+    A = A + torch.diag_embed(chi2.sqrt())
+    LA = torch.linalg.cholesky(V) @ A
+    return LA @ LA.mT
+
+
 def _call_density(fn: Callable, args: tuple, name: str, P: Tensor) -> Tensor:
     out = fn(*args)
     batch = P.shape[:-2]
@@ -309,11 +359,18 @@ def cartesian_log_prob_gram(
         ``(...)`` log p(P).
     """
     Y, lam, _ = shape_factor(P)
-    n, k = P.shape[-2:]
     log_gr = _call_density(grassmann_log_prob, (Y,), "grassmann_log_prob", P)
     log_s = _call_density(gram_log_prob, (torch.diag_embed(lam), Y), "gram_log_prob", P)
+    return log_gr + log_s + log_jacobian_gram(lam, P.shape[-2])
+
+
+def log_jacobian_gram(lam: Tensor, n: int) -> Tensor:
+    """The data-only term of :func:`cartesian_log_prob_gram`, ``(...)``:
+    ``-(k^2/2) log(pi) + log Gamma_k(k/2) - (n-k-1)/2 log det S`` for ``S`` of eigenvalues
+    ``lam: (..., k)`` and ``P: (n, k)``."""
+    k = lam.shape[-1]
     const = -0.5 * k * k * math.log(math.pi) + _log_multigamma(0.5 * k, k)
-    return log_gr + log_s + const - 0.5 * (n - k - 1) * torch.log(lam).sum(-1)
+    return const - 0.5 * (n - k - 1) * torch.log(lam).sum(-1)
 
 
 def random_orthogonal(

@@ -1,5 +1,6 @@
-"""Flows on Gr(k, D)."""
+"""Flows on Gr(k, D), and the shape flow on point clouds built from one."""
 
 from .grcnf import GrCNF
+from .shape import POTENTIALS, ShapeFlow
 
-__all__ = ["GrCNF"]
+__all__ = ["POTENTIALS", "GrCNF", "ShapeFlow"]

@@ -1,0 +1,124 @@
+"""A permutation- and O(k)-invariant potential for point clouds on Gr(k, n - 1).
+
+A centred cloud of n points in R^k, written in the Helmert basis H (n x (n-1)) of 1-perp, is
+``P' = Y B`` with [Y] in Gr(k, n - 1) (the com-free protocol). The rows of ``Y~ = H Y``
+(n x k) are the n points in the subspace's own frame: ``Y -> Y Q`` rotates every row by Q, and
+relabelling the points permutes the rows. The potential reads the points only through their
+Gram matrix ``G = Y~ Y~^T`` (inner products and squared distances, invariant under O(k)) and
+aggregates over points by sums, so it is invariant under both groups. Its Riemannian gradient
+(:class:`~grassflow.nn.field.GrassmannField`) is then horizontal and equivariant under O(k)
+and under permutations, and a GrCNF with it has a density invariant to rotations and
+reflections of the basis and to relabelling of the points.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..data.shapes import helmert_basis
+from .layers import ConcatSquash
+
+__all__ = ["GraphPotential", "PointGraph"]
+
+
+class PointGraph(nn.Module):
+    """Invariant per-point features of a cloud: message passing on the complete graph.
+
+    Node features start from ``n |y~_i|^2`` (and optional fixed per-point labels); each layer
+    sends messages ``m_ij = MLP(h_i, h_j, n y~_i.y~_j, n |y~_i - y~_j|^2, t)``, averages them
+    over j and updates ``h_i`` residually. The factor n makes the features O(1): the rows of
+    an orthonormal Y~ have ``sum_i |y~_i|^2 = k``. Every nonlinearity is smooth (SiLU), as the
+    Laplace-Beltrami divergence needs second derivatives. All layers take the time, so ``t``
+    may be a scalar or one time per cloud, ``(...)``.
+
+    Args:
+        n_points: n, the number of points; representatives are ``(..., n - 1, k)``.
+        k: the points' dimension.
+        hidden: width of node and edge features.
+        layers: message-passing layers.
+        labels: optional ``(n,)`` integer labels of the points (e.g. atom types), the same for
+            every cloud; the features are then invariant only to relabellings that keep them.
+        n_labels: number of label values (default ``labels.max() + 1``).
+    """
+
+    def __init__(
+        self,
+        n_points: int,
+        k: int,
+        hidden: int = 32,
+        layers: int = 2,
+        labels: Tensor | None = None,
+        n_labels: int | None = None,
+    ):
+        super().__init__()
+        if not (isinstance(n_points, int) and isinstance(k, int) and 1 <= k < n_points - 1):
+            raise ValueError(f"need integers 1 <= k < n_points - 1, got n_points={n_points}, k={k}")
+        if not (isinstance(hidden, int) and hidden >= 1 and isinstance(layers, int) and layers >= 1):
+            raise ValueError(f"hidden and layers must be positive integers, got {hidden}, {layers}")
+        self.n_points, self.k, self.hidden = n_points, k, hidden
+        self.register_buffer("H", helmert_basis(n_points, torch.get_default_dtype()))
+        onehot = torch.zeros(n_points, 0)
+        if labels is not None:
+            labels = torch.as_tensor(labels)
+            if labels.shape != (n_points,) or labels.is_floating_point() or (labels < 0).any():
+                raise ValueError(f"labels must be {n_points} non-negative integers, got {labels}")
+            n_labels = int(labels.max()) + 1 if n_labels is None else n_labels
+            onehot = nn.functional.one_hot(labels.long(), n_labels).to(torch.get_default_dtype())
+        self.register_buffer("onehot", onehot)
+        self.embed = ConcatSquash(1 + onehot.shape[1], hidden)
+        self.message = nn.ModuleList(ConcatSquash(2 * hidden + 2, hidden) for _ in range(layers))
+        self.message_out = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(layers))
+        self.update = nn.ModuleList(ConcatSquash(2 * hidden, hidden) for _ in range(layers))
+
+    def extra_repr(self) -> str:
+        return f"n_points={self.n_points}, k={self.k}, labels={self.onehot.shape[1]}"
+
+    def points(self, Y: Tensor) -> Tensor:
+        """``Y~ = H Y: (..., n, k)``, the points in the frame of the representative Y."""
+        return self.H.to(Y) @ Y
+
+    def forward(self, t: Tensor, Y: Tensor) -> Tensor:
+        """``t``: scalar or ``(...)``; ``Y: (..., n - 1, k)`` -> ``h: (..., n, hidden)``."""
+        act = nn.functional.silu
+        n = self.n_points
+        Yt = self.points(Y)
+        G = n * (Yt @ Yt.mT)  # (..., n, n)
+        sq = torch.diagonal(G, dim1=-2, dim2=-1)  # (..., n)
+        edges = torch.stack([G, sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2 * G], dim=-1)
+        t = torch.as_tensor(t).to(Y)
+        t_node = t if t.dim() == 0 else t[..., None]  # broadcasts over the points (and pairs)
+        t_edge = t if t.dim() == 0 else t[..., None, None]
+        labels = self.onehot.to(Y).expand(*sq.shape, -1)
+        h = act(self.embed(t_node, torch.cat([sq.unsqueeze(-1), labels], dim=-1)))
+        for message, message_out, update in zip(self.message, self.message_out, self.update):
+            hi = h.unsqueeze(-2).expand(*h.shape[:-1], n, h.shape[-1])
+            pair = torch.cat([hi, hi.transpose(-3, -2), edges], dim=-1)  # (..., n, n, 2h + 2)
+            m = message_out(act(message(t_edge, pair))).mean(dim=-2)  # (..., n, h)
+            h = h + act(update(t_node, torch.cat([h, m], dim=-1)))
+        return h
+
+
+class GraphPotential(nn.Module):
+    """The potential ``v(t, Y)``: :class:`PointGraph` features, mean over the points, and a
+    time-conditioned readout. Arguments as :class:`PointGraph`."""
+
+    def __init__(
+        self,
+        n_points: int,
+        k: int,
+        hidden: int = 32,
+        layers: int = 2,
+        labels: Tensor | None = None,
+        n_labels: int | None = None,
+    ):
+        super().__init__()
+        self.graph = PointGraph(n_points, k, hidden, layers, labels, n_labels)
+        self.readout = ConcatSquash(hidden, hidden)
+        self.out = nn.Linear(hidden, 1)
+
+    def forward(self, t: Tensor, Y: Tensor) -> Tensor:
+        """``t``: scalar or ``(...)``; ``Y: (..., n - 1, k)`` -> ``(...)``."""
+        pooled = self.graph(t, Y).mean(dim=-2)
+        t = torch.as_tensor(t).to(Y)
+        return self.out(nn.functional.silu(self.readout(t, pooled))).squeeze(-1)
