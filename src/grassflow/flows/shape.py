@@ -24,8 +24,8 @@ from ..data.shapes import helmert_basis
 from ..distributions.cartesian import log_jacobian_gram, random_orthogonal, shape_factor
 from ..manifolds import Grassmann
 from ..nn import PRESETS, GrassmannField, Potential
-from ..nn.graph import GraphPotential
 from ..nn.gram import WishartGram
+from ..nn.graph import GraphPotential
 from .grcnf import GrCNF
 
 __all__ = ["POTENTIALS", "ShapeFlow"]
@@ -114,7 +114,9 @@ class ShapeFlow(nn.Module):
             raise ValueError(f"P is {P.dtype} on {P.device}, but the model is {ref.dtype} on "
                              f"{ref.device}; convert with .to() first")  # fmt: skip
         if P.shape[0] == 0 or not torch.isfinite(P).all():
-            raise ValueError(f"P must be a non-empty batch of finite clouds, shape {tuple(P.shape)}")
+            raise ValueError(
+                f"P must be a non-empty batch of finite clouds, got shape {tuple(P.shape)}"
+            )
 
     def helmert(self, P: Tensor) -> Tensor:
         """CoM-free coordinates ``P' = H^T (P - mean): (B, n - 1, d)`` of clouds ``(B, n, d)``."""

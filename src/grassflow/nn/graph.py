@@ -53,8 +53,10 @@ class PointGraph(nn.Module):
     ):
         super().__init__()
         if not (isinstance(n_points, int) and isinstance(k, int) and 1 <= k < n_points - 1):
-            raise ValueError(f"need integers 1 <= k < n_points - 1, got n_points={n_points}, k={k}")
-        if not (isinstance(hidden, int) and hidden >= 1 and isinstance(layers, int) and layers >= 1):
+            raise ValueError(
+                f"need integers 1 <= k < n_points - 1, got n_points={n_points}, k={k}"
+            )
+        if not (isinstance(hidden, int) and isinstance(layers, int) and min(hidden, layers) >= 1):
             raise ValueError(f"hidden and layers must be positive integers, got {hidden}, {layers}")
         self.n_points, self.k, self.hidden = n_points, k, hidden
         self.register_buffer("H", helmert_basis(n_points, torch.get_default_dtype()))
