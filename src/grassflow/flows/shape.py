@@ -70,7 +70,7 @@ class ShapeFlow(nn.Module):
         rtol: float = 1e-5,
         gram_hidden: int = 32,
         gram_layers: int = 1,
-        chunk_size: int = 64,
+        chunk_size: int = 16,
     ):
         super().__init__()
         if not (isinstance(n_points, int) and isinstance(dim, int) and 1 <= dim <= n_points - 2):

@@ -1,0 +1,324 @@
+"""Users' own point clouds (``.npy``, ``.npz``, ``.xyz``) for a shape model, and an xyz writer.
+
+A shape model is a density on centred clouds of ``n`` points in ``d`` dimensions; internally a
+cloud is a point of the com-free Grassmann Gr(d, n - 1), so every cloud needs ``n >= d + 2``
+points and full rank ``d`` after centring. :func:`load_point_clouds` reads the clouds, checks
+them (one shape, numeric, finite, enough points) and skips, with a note and one warning, the
+rank-deficient ones (collinear points in 3-D, say). Positions are returned as read, not centred.
+
+xyz frames are the standard ``count`` line, comment line, then ``count`` lines
+``Symbol x y z [extra columns]``; the symbol may be an element (``C``, ``cl``), an atomic
+number (``6``) or ``X`` (a dummy, label 0). Frames are numbered from 0 in ``sources``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["ELEMENTS", "PointClouds", "load_point_clouds", "write_xyz"]
+
+_SYMBOLS = (
+    "X H He Li Be B C N O F Ne Na Mg Al Si P S Cl Ar K Ca "
+    "Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As Se Br Kr"
+).split()
+#: element symbol -> atomic number (``X``, a dummy or unknown atom, is 0)
+ELEMENTS: dict[str, int] = {**{s: z for z, s in enumerate(_SYMBOLS)}, "I": 53}
+_SYMBOL_OF: dict[int, str] = {z: s for s, z in ELEMENTS.items()}
+
+
+@dataclass
+class PointClouds:
+    """Point clouds as read from a file or folder.
+
+    Attributes:
+        positions: ``(N, n, d)`` float64 positions, as read (not centred).
+        labels: ``(N, n)`` int64 per-point labels (atomic numbers for ``.xyz``), or ``None``.
+        sources: ``N`` strings naming where each cloud came from, e.g. ``"mols/a.xyz#frame2"``
+            or ``"shapes.npy[17]"``.
+        skipped: human-readable lines, one per dropped cloud: its source and why.
+    """
+
+    positions: np.ndarray
+    labels: np.ndarray | None
+    sources: list[str]
+    skipped: list[str]
+
+
+def load_point_clouds(
+    path: str | os.PathLike, *, key: str | None = None, rtol: float = 1e-6
+) -> PointClouds:
+    """Read point clouds from a ``.npy``/``.npz``/``.xyz`` file or a folder of ``.xyz`` files.
+
+    Args:
+        path: a ``.npy`` array ``(N, n, d)``; a ``.npz`` with the array under ``key``, or its
+            only array, or under ``"positions"``, and optional labels under ``"labels"``
+            (``(N, n)`` or ``(n,)``, broadcast to all clouds); a multi-frame ``.xyz`` file; or
+            a folder whose ``.xyz`` files are read in name order.
+        key: the ``.npz`` entry holding the positions.
+        rtol: a cloud whose smallest singular value after centring is ``<= rtol`` times its
+            largest is rank deficient: it is skipped, noted in ``skipped`` and warned about.
+
+    Returns:
+        :class:`PointClouds` with the ``N`` kept clouds.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: unknown extension, no clouds, ragged or non-3-D shapes, non-numeric or
+            non-finite values, fewer than ``d + 2`` points, or every cloud rank deficient.
+    """
+    path = Path(path)
+    if not (np.isfinite(rtol) and rtol >= 0):
+        raise ValueError(f"rtol must be a finite number >= 0, got {rtol!r}")
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    labels = None
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() == ".xyz")
+        if not files:
+            raise ValueError(f"{path}: folder holds no .xyz files")
+        P, labels, sources = _read_xyz_files(path, files, f"{path.resolve().name}/")
+    elif path.suffix.lower() == ".xyz":
+        P, labels, sources = _read_xyz_files(path, [path], "")
+    elif path.suffix.lower() == ".npy":
+        P = _load_npy(path)
+        sources = [f"{path.name}[{i}]" for i in range(len(P))] if P.ndim else []
+    elif path.suffix.lower() == ".npz":
+        P, labels, name = _load_npz(path, key)
+        sources = [f"{path.name}:{name}[{i}]" for i in range(len(P))] if P.ndim else []
+    else:
+        raise ValueError(
+            f"{path}: unknown extension {path.suffix!r}; expected .npy, .npz, "
+            ".xyz or a folder of .xyz files"
+        )
+    P = _check_positions(path, P, sources)
+    if labels is not None:
+        labels = _check_labels(path, labels, P.shape[:2])
+    return _drop_rank_deficient(path, PointClouds(P, labels, sources, []), rtol)
+
+
+def write_xyz(
+    path: str | os.PathLike,
+    positions: np.ndarray,
+    labels: np.ndarray | None = None,
+    comment: str = "grassflow sample",
+) -> None:
+    """Write clouds as a multi-frame ``.xyz`` file (one frame per cloud).
+
+    Args:
+        path: the file to write (parent folders are made).
+        positions: ``(N, n, 3)`` or one cloud ``(n, 3)``.
+        labels: ``(N, n)`` or ``(n,)`` atomic numbers, written as element symbols; ``X`` for
+            ``None`` or numbers without a symbol here (``X`` reads back as 0).
+        comment: the comment line of every frame (one line).
+    """
+    P = np.asarray(positions, dtype=np.float64)
+    P = P[None] if P.ndim == 2 else P
+    if P.ndim != 3 or P.shape[-1] != 3:
+        raise ValueError(
+            f"write_xyz {path}: positions must be (N, n, 3) or (n, 3), got "
+            f"{np.shape(positions)} (xyz holds 3-D points; save .npy otherwise)"
+        )
+    if not np.isfinite(P).all():
+        raise ValueError(f"write_xyz {path}: positions contain NaN or inf")
+    if "\n" in comment or "\r" in comment:
+        raise ValueError(f"write_xyz {path}: comment must be one line, got {comment!r}")
+    N, n, _ = P.shape
+    if labels is None:
+        symbols = np.full((N, n), "X", dtype=object)
+    else:
+        L = np.asarray(labels)
+        try:
+            L = np.broadcast_to(L, (N, n))
+        except ValueError:
+            raise ValueError(
+                f"write_xyz {path}: labels of shape {L.shape} do not fit "
+                f"positions {P.shape}; expected ({N}, {n}) or ({n},)"
+            ) from None
+        symbols = np.vectorize(lambda z: _SYMBOL_OF.get(int(z), "X"), otypes=[object])(L)
+    lines = []
+    for P_i, s_i in zip(P, symbols):
+        lines += [str(n), comment]
+        lines += [f"{s:<2} {x:.10f} {y:.10f} {z:.10f}" for s, (x, y, z) in zip(s_i, P_i)]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as e:  # object (e.g. ragged) arrays need pickle
+        raise ValueError(
+            f"{path}: cannot read a numeric array ({e}); is it ragged or of non-numeric dtype?"
+        ) from None
+
+
+def _load_npz(path: Path, key: str | None) -> tuple[np.ndarray, np.ndarray | None, str]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            keys = list(z.files)
+            others = [k for k in keys if k != "labels"]
+            if key is None and "positions" in keys:
+                key = "positions"
+            elif key is None and len(others) == 1:
+                key = others[0]
+            if key is None or key not in keys:
+                what = "no 'positions' array" if key is None else f"no key {key!r}"
+                raise ValueError(f"{path}: {what}; keys are {keys}; pass key=...")
+            labels = z["labels"] if "labels" in keys and key != "labels" else None
+            return z[key], labels, key
+    except ValueError as e:
+        if str(e).startswith(str(path)):
+            raise
+        raise ValueError(
+            f"{path}: cannot read a numeric array ({e}); is it ragged or of non-numeric dtype?"
+        ) from None
+
+
+def _check_positions(path: Path, P: np.ndarray, sources: list[str]) -> np.ndarray:
+    if not (np.issubdtype(P.dtype, np.integer) or np.issubdtype(P.dtype, np.floating)):
+        raise ValueError(
+            f"{path}: positions have non-numeric dtype {P.dtype}; expected real numbers"
+        )
+    if P.size == 0:
+        raise ValueError(f"{path}: empty array of shape {P.shape}; no point clouds to read")
+    if P.ndim != 3:
+        hint = " (one cloud? add a leading axis: P[None])" if P.ndim == 2 else ""
+        raise ValueError(f"{path}: positions must be 3-D (N, n, d), got shape {P.shape}{hint}")
+    P = P.astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(P).all(axis=(1, 2)))
+    if bad.size:
+        raise ValueError(
+            f"{path}: {bad.size} of {len(P)} clouds contain NaN or inf (first: {sources[bad[0]]})"
+        )
+    _, n, d = P.shape
+    if n < d + 2:
+        raise ValueError(
+            f"{path}: clouds have n = {n} points in d = {d} dimensions, too few; a "
+            "density on centred clouds of n points in d dimensions needs "
+            f"n >= d + 2 = {d + 2}"
+        )
+    return P
+
+
+def _check_labels(path: Path, labels: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    L = np.asarray(labels)
+    if not np.issubdtype(L.dtype, np.integer):
+        if not (np.issubdtype(L.dtype, np.floating) and np.all(L == np.round(L))):
+            raise ValueError(f"{path}: labels must be integers, got dtype {L.dtype}")
+    if L.shape not in (shape, shape[1:]):
+        raise ValueError(
+            f"{path}: labels of shape {L.shape} do not fit {shape[0]} clouds of "
+            f"{shape[1]} points; expected {shape} or {shape[1:]}"
+        )
+    return np.broadcast_to(L, shape).astype(np.int64)
+
+
+def _drop_rank_deficient(path: Path, pc: PointClouds, rtol: float) -> PointClouds:
+    P = pc.positions
+    s = np.linalg.svd(P - P.mean(axis=1, keepdims=True), compute_uv=False)  # (N, d)
+    drop = s[:, -1] <= rtol * s[:, 0]
+    if not drop.any():
+        return pc
+    d = P.shape[-1]
+    for i in np.flatnonzero(drop):
+        r = int((s[i] > rtol * s[i, 0]).sum())
+        how = {0: "all points coincide", 1: "points are collinear", 2: "points are coplanar"}
+        pc.skipped.append(
+            f"{pc.sources[i]}: rank deficient after centring (rank {r} < d = {d}: "
+            f"{how.get(r, f'points span only {r} dimensions')}; smallest/largest "
+            f"singular value {s[i, -1] / max(s[i, 0], 1e-300):.2e} <= rtol {rtol:g})"
+        )
+    first = pc.sources[int(np.flatnonzero(drop)[0])]
+    if drop.all():
+        raise ValueError(
+            f"{path}: all {len(P)} clouds are rank deficient after centring "
+            f"(rank < d = {d}, first: {first}); nothing left to model"
+        )
+    warnings.warn(
+        f"{path}: skipped {int(drop.sum())} of {len(P)} rank-deficient clouds "
+        f"(first: {first}); see PointClouds.skipped",
+        stacklevel=3,
+    )
+    keep = ~drop
+    return PointClouds(
+        P[keep],
+        None if pc.labels is None else pc.labels[keep],
+        [s_ for s_, k in zip(pc.sources, keep) if k],
+        pc.skipped,
+    )
+
+
+def _read_xyz_files(
+    root: Path, files: list[Path], prefix: str
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    frames, sources = [], []
+    for f in files:
+        got = _parse_xyz(f)
+        if not got:
+            raise ValueError(f"{f}: no frames (empty .xyz file)")
+        frames += got
+        sources += [f"{prefix}{f.name}#frame{j}" for j in range(len(got))]
+    counts: dict[int, list[str]] = {}
+    for (z, _), src in zip(frames, sources):
+        counts.setdefault(len(z), []).append(src)
+    if len(counts) > 1:
+        parts = [
+            f"{n} in {srcs[0]}" + (f" and {len(srcs) - 1} more" if len(srcs) > 1 else "")
+            for n, srcs in sorted(counts.items())
+        ]
+        raise ValueError(
+            f"{root}: ragged clouds, frames have different atom counts: " + "; ".join(parts)
+        )
+    labels = np.array([z for z, _ in frames], dtype=np.int64)
+    return np.array([x for _, x in frames], dtype=np.float64), labels, sources
+
+
+def _parse_xyz(f: Path) -> list[tuple[list[int], list[list[float]]]]:
+    """The frames of one xyz file, each ``(atomic numbers (n,), positions (n, 3))``."""
+    lines = f.read_text().splitlines()
+    frames, i = [], 0
+    while True:
+        while i < len(lines) and not lines[i].strip():
+            i += 1
+        if i == len(lines):
+            return frames
+        head = lines[i].split()[0]
+        if not head.isdigit() or int(head) == 0:
+            raise ValueError(
+                f"{f}: line {i + 1} (frame {len(frames)}): expected a positive atom "
+                f"count, got {lines[i].strip()!r}"
+            )
+        n = int(head)
+        if i + 2 + n > len(lines):
+            raise ValueError(
+                f"{f}: frame {len(frames)} (line {i + 1}) announces {n} atoms but "
+                f"the file ends after {max(len(lines) - i - 2, 0)}"
+            )
+        z, x = [], []
+        for k in range(i + 2, i + 2 + n):
+            cols = lines[k].split()
+            where = f"{f}: line {k + 1} (frame {len(frames)})"
+            if len(cols) < 4:
+                raise ValueError(f"{where}: expected 'Symbol x y z', got {lines[k].strip()!r}")
+            z.append(_atomic_number(cols[0], where))
+            try:
+                x.append([float(c) for c in cols[1:4]])
+            except ValueError:
+                raise ValueError(f"{where}: non-numeric coordinates {cols[1:4]}") from None
+        frames.append((z, x))
+        i += 2 + n
+
+
+def _atomic_number(sym: str, where: str) -> int:
+    if sym.isdigit():
+        return int(sym)
+    z = ELEMENTS.get(sym[:1].upper() + sym[1:].lower())
+    if z is None:
+        raise ValueError(f"{where}: unknown element symbol {sym!r}")
+    return z
