@@ -27,18 +27,21 @@ def mc_tolerance(samples: torch.Tensor, n_sigma: float = 4.0) -> float:
 
 @pytest.fixture
 def fixed_pace(monkeypatch):
-    """``fixed_pace(step)`` makes every reading of the training loop's clock advance it by
-    ``step`` seconds: a machine of fixed pace, so that a wall-clock budget buys the same
-    number of iterations however busy the real machine is."""
-    from grassflow.training import loop
+    """``fixed_pace(step)``: every optimizer step takes ``step`` seconds of the training loop's
+    clock and nothing else takes any time, so a wall-clock budget buys the same number of
+    steps however busy the machine is, and a run that stopped for its budget stops short of
+    it (the case a rerun must not mistake for time left)."""
+    from grassflow.training import loop, objectives
 
     def install(step: float) -> None:
         t = [0.0]
+        monkeypatch.setattr(loop, "_now", lambda: t[0])
+        for name, fn in list(objectives.OBJECTIVES.items()):
 
-        def now() -> float:
-            t[0] += step
-            return t[0]
+            def ticking(model, batch, fn=fn):
+                t[0] += step
+                return fn(model, batch)
 
-        monkeypatch.setattr(loop, "_now", now)
+            monkeypatch.setitem(objectives.OBJECTIVES, name, ticking)
 
     return install

@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import torch
 import grassflow.cli as cli
 from grassflow.cli import main
 from grassflow.experiments.fm_vs_mle import _summary, markdown_table
+from grassflow.experiments.runs import training_status
 from grassflow.manifolds import orthonormality_error
 from grassflow.training import distributed as dd
 
@@ -57,7 +59,7 @@ def test_train_with_flow_matching(tmp_path):
 
 @pytest.mark.slow
 def test_reproduce_fm_vs_mle_end_to_end(tmp_path, fixed_pace):
-    fixed_pace(0.1)
+    fixed_pace(0.07)  # a 1.8 s budget: 25 steps, 1.75 s
     out, runs = tmp_path / "out", tmp_path / "runs"
     args = ["reproduce", "fm-vs-mle", "--datasets", "target", "--out", str(out), "--runs",
             str(runs), "--budget-minutes-per-dataset", "0.03", "--no-progress",
@@ -87,6 +89,9 @@ def test_reproduce_fm_vs_mle_end_to_end(tmp_path, fixed_pace):
     else:
         assert ot["seconds_to_mle_best"] is None and ot["time_ratio_over_mle"] is None
     assert (out / "fm_vs_mle.png").stat().st_size > 10_000
+    for objective in ("mle", "fm-ot"):
+        assert res["summary"][objective]["iterations"] == 25
+        assert training_status(runs / f"target-{objective}")["spent_total_budget"] == 0.03
     # catches: a rerun with the same budget training again or re-evaluating the snapshots
     stamps = {p: p.stat().st_mtime_ns for p in runs.rglob("*") if p.is_file()}
     assert main(args) == 0
@@ -94,15 +99,21 @@ def test_reproduce_fm_vs_mle_end_to_end(tmp_path, fixed_pace):
     changed = [p.name for p in runs.rglob("*") if p.is_file() and p.stat().st_mtime_ns
                != stamps.get(p)]  # fmt: skip
     assert set(changed) <= {"config.json", "experiment.json", "data.json"}, changed
-    # catches: a larger budget restarting (or not continuing) the runs
-    snaps = sorted(p.name for p in (runs / "target-mle" / "snapshots").glob("*.pt"))
+    # catches: a larger budget restarting (or not continuing) the runs, and snapshots of a
+    # crashed invocation (past last.pt, whose steps are redone) surviving into the curve
+    snap_dir = runs / "target-mle" / "snapshots"
+    snaps = sorted(p.name for p in snap_dir.glob("*.pt"))
+    stale = snap_dir / f"{10**8:09d}.pt"
+    shutil.copy(snap_dir / snaps[-1], stale)
     iterations = res["summary"]["mle"]["iterations"]
     assert main([*args[:-4], "--budget-minutes-per-dataset", "0.06", "--no-progress",
                  "--objectives", "fm-ot", "mle"]) == 0  # fmt: skip
     more = json.loads((out / "fm_vs_mle.json").read_text())["datasets"]["target"]
     assert more["summary"]["mle"]["iterations"] > iterations
     assert more["curves"]["mle"][: len(snaps)] == res["curves"]["mle"]  # kept, not redone
-    assert len(more["curves"]["mle"]) > len(snaps)
+    assert len(more["curves"]["mle"]) > len(snaps) and not stale.exists()
+    assert all(p["iteration"] <= more["summary"]["mle"]["iterations"]
+               for p in more["curves"]["mle"])  # fmt: skip
 
 
 def _curve(*points):

@@ -34,7 +34,7 @@ def jsd_by_hand(X, Z, eps=1e-10):
 
 
 def test_reproduce_table2_tiny(tmp_path, fixed_pace):
-    fixed_pace(0.2)
+    fixed_pace(0.35)  # a 3 s budget: 8 steps, 2.8 s
     exp = qm9.QM9Experiment(flow_minutes=0.05, scale_minutes=0.05, n_val=16, n_test=24,
                             cache_dir=str(tmp_path / "cache"), atol=1e-4, rtol=1e-4)  # fmt: skip
     out, runs = tmp_path / "out", tmp_path / "runs"
@@ -62,7 +62,9 @@ def test_reproduce_table2_tiny(tmp_path, fixed_pace):
     # generated molecules are centred 19-atom configurations
     X = np.load(runs / "samples.npy")
     assert X.shape == (40, 19, 3) and np.abs(X.mean(axis=1)).max() < 1e-4
-    assert r["flow_iterations"] >= 1 and r["flow_minutes"] > 0
+    for sub in ("flow", "scale", "decoder"):
+        assert r[f"{sub}_iterations"] == 8 and r[f"{sub}_minutes"] == pytest.approx(2.8 / 60)
+        assert qm9.training_status(runs / sub)["spent_total_budget"] == 0.05
     # rerunning with the same budget trains no further and gives the same model, even on a
     # machine ten times faster (catches a resume that depends on the machine's pace)
     _, models = qm9.load_run(runs)
@@ -73,7 +75,8 @@ def test_reproduce_table2_tiny(tmp_path, fixed_pace):
         a, b = getattr(models, name).state_dict(), getattr(again, name).state_dict()
         assert all(torch.equal(a[key], b[key]) for key in a)
     # a larger budget continues all three models
-    before = {sub: qm9.training_status(runs / sub)["iterations"] for sub in ("flow", "scale")}
+    before = {sub: qm9.training_status(runs / sub)["iterations"]
+              for sub in ("flow", "scale", "decoder")}  # fmt: skip
     qm9.run(qm9.QM9Experiment(**{**exp.__dict__, "flow_minutes": 0.1, "scale_minutes": 0.1}),
             runs, progress=False)  # fmt: skip
     assert all(qm9.training_status(runs / sub)["iterations"] > n for sub, n in before.items())

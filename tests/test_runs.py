@@ -101,3 +101,37 @@ def test_best_falls_back_to_last_loudly(tmp_path, caplog):
     assert "no best.pt" in caplog.text
     assert training_status(tmp_path / "new") == {
         "iterations": 0, "trained_minutes": 0.0, "spent_total_budget": None}
+
+
+def test_data_location_is_not_the_identity(tmp_path):
+    # catches: a run refused because its data moved (data_dir/cache_dir compared as strings)
+    run = tmp_path / "run"
+    claim_run_dir(run, {**preset(), "data_dir": "data"}, identity(X))
+    claim_run_dir(run, {**preset(), "data_dir": "/elsewhere/data"}, identity(X, "/elsewhere"))
+
+
+def test_runs_from_before_run_identities_are_adopted(tmp_path, caplog):
+    # catches: every run directory written before data.json existed becoming unusable
+    run = tmp_path / "run"
+    run.mkdir()
+    old = preset()
+    del old["train"]["total_budget_minutes"]
+    (run / "experiment.json").write_text(json.dumps(old))
+    (run / "last.pt").write_bytes(b"x")
+    with caplog.at_level(logging.WARNING):
+        claim_run_dir(run, preset(total_budget_minutes=None), identity(X))
+    assert "predates data.json" in caplog.text
+    assert json.loads((run / "data.json").read_text()) == identity(X)
+    # from then on the data are checked
+    with pytest.raises(RunMismatch, match="data.train"):
+        claim_run_dir(run, preset(total_budget_minutes=None), identity(X + 1))
+
+
+def test_no_resume_refuses_before_writing(tmp_path):
+    # catches: a refused invocation overwriting the run's preset on its way out
+    run = tmp_path / "run"
+    claim_run_dir(run, preset(), identity(X))
+    (run / "last.pt").write_bytes(b"x")
+    with pytest.raises(FileExistsError, match="last.pt"):
+        claim_run_dir(run, preset(iterations=2000), identity(X), resume=False)
+    assert json.loads((run / "experiment.json").read_text())["train"]["iterations"] == 100

@@ -310,20 +310,26 @@ def test_total_and_invocation_budgets_together(tmp_path, monkeypatch):
 
 
 def test_progress_bar_counts_the_budget(tmp_path, monkeypatch, capsys):
-    # catches: a budgeted run showing iterations out of an unreachable total (ETA of days)
+    # catches: a budgeted run showing iterations out of an unreachable total (ETA of days),
+    # and one whose iterations end first showing the budget's ETA
     clock = Clock(1.0)
     monkeypatch.setattr(loop_module, "_now", clock)
     cfg = config(iterations=100_000, budget_minutes=0.25, log_every=1000)
-    train(Watson(), dataset(50), cfg, tmp_path, objective=clock.objective, progress=True)
+    train(Watson(), dataset(50), cfg, tmp_path / "a", objective=clock.objective, progress=True)
     err = capsys.readouterr().err
-    assert "/15 s budget" in err and "100000" not in err.split("it=")[0]
-    assert "it=" in err and "/100000" in err
-    bar = loop_module._progress_bar(cfg, 0, 15.0, "x", enabled=True)
-    assert bar.total == 15.0 and bar.unit == "s"
-    bar.close()
+    assert "of 0.25 min or the iterations" in err and "it=15/100000" in err
+    assert "100%" in err  # the budget's end is the bar's end
     bar = loop_module._progress_bar(cfg, 7, None, "x", enabled=True)
     assert bar.total == 100_000 and bar.n == 7
     bar.close()
+    # 10 iterations of 1 s against a budget of 15 s: the bar ends full (the budget's share
+    # would be 67 %)
+    clock = Clock(1.0)
+    monkeypatch.setattr(loop_module, "_now", clock)
+    train(Watson(), dataset(50), cfg.replace(iterations=10), tmp_path / "b",
+          objective=clock.objective, progress=True)  # fmt: skip
+    err = capsys.readouterr().err
+    assert "100%|██████████| of 0.25 min" in err and "it=10/10" in err
 
 
 class InfOnVal(Watson):

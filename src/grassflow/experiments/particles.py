@@ -208,7 +208,8 @@ def run(
     ``force`` deletes a mismatched one instead of raising.
     """
     data = load_data(exp) if data is None else data
-    claim_run_dir(run_dir, exp.to_dict(), data_identity_of(exp, data), force=force)
+    claim_run_dir(run_dir, exp.to_dict(), data_identity_of(exp, data), force=force,
+                  resume=resume)  # fmt: skip
     return train(
         build_model(exp),
         data["train"],
@@ -222,9 +223,9 @@ def run(
 
 
 def data_identity_of(exp: ParticleExperiment, data: dict) -> dict:
-    """Source, resolved path and content hashes of the train and val splits."""
+    """Source, resolved path and content hashes of the splits."""
     return {"source": exp.source, "path": str(Path(exp.data_dir).resolve()),
-            **data_identity(train=data["train"], val=data["val"])}  # fmt: skip
+            **data_identity(train=data["train"], val=data["val"], test=data["test"])}  # fmt: skip
 
 
 def load_run(run_dir: str | Path, which: str = "best") -> tuple[ParticleExperiment, GrCNF]:

@@ -38,8 +38,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Preset fields that change neither what a run is nor its trajectory: how long one
-# invocation may train, and where.
-_FREE = ("train.budget_minutes", "train.device")
+# invocation may train, where, and where the data lie (data.json hashes their content).
+_FREE = ("train.budget_minutes", "train.device", "data_dir", "cache_dir")
 
 
 class RunMismatch(ValueError):
@@ -74,14 +74,19 @@ def claim_run_dir(
     *,
     budget_keys: tuple[str, ...] = ("train.total_budget_minutes", "train.iterations"),
     force: bool = False,
+    resume: bool = True,
 ) -> None:
     """Make ``run_dir`` the directory of this run, or check that it already is.
 
     A new directory gets ``experiment.json`` (``preset``) and ``data.json`` (``data``). An
     existing one must hold the same preset and data. The ``budget_keys`` (dotted paths into
-    ``preset``) may grow, which continues the run, and ``train.budget_minutes`` and
-    ``train.device`` may change freely. ``data`` values named ``*path`` are recorded only:
-    the content hashes identify the data wherever they lie.
+    ``preset``) may grow, which continues the run; the per-invocation budget, the device and
+    the data's location (``data_dir``, ``cache_dir``, ``data.*path``) may change freely, as
+    the content hashes identify the data wherever they lie. A directory written before run
+    identities existed (no ``data.json``, preset fields missing whose new value is None) is
+    adopted with a warning.
+
+    Under torchrun, rank 0 decides and the other ranks follow its decision.
 
     Args:
         run_dir: the run directory.
@@ -89,6 +94,8 @@ def claim_run_dir(
         data: the data's identity: source, path and :func:`data_identity` hashes.
         budget_keys: fields that may only grow.
         force: start the run afresh (deleting ``run_dir``) instead of raising on a mismatch.
+        resume: False refuses a directory that already holds ``last.pt`` (``FileExistsError``)
+            before anything is written.
 
     Raises:
         RunMismatch: the directory holds another run (the message names every differing
@@ -96,29 +103,16 @@ def claim_run_dir(
             preset.
     """
     run_dir = Path(run_dir)
-    exp_path, data_path = run_dir / "experiment.json", run_dir / "data.json"
-    problem = None
-    if exp_path.exists():
-        old = {**_flatten(json.loads(exp_path.read_text())),
-               **_flatten({"data": _read(data_path)})}  # fmt: skip
-        new = {**_flatten(preset), **_flatten({"data": data})}
-        diffs = []
-        for key in sorted(set(old) | set(new)):
-            a, b = old.get(key, "<missing>"), new.get(key, "<missing>")
-            if a == b or key in _FREE or key.endswith("path"):
-                continue
-            if key in budget_keys and _number(a) and _number(b) and b >= a:
-                continue
-            diffs.append(f"{key}: {a!r} -> {b!r}")
-        if diffs:
-            problem = f"{run_dir} holds a different run ({'; '.join(diffs)})"
-    elif (run_dir / "last.pt").exists():
-        problem = f"{run_dir} holds a training checkpoint but no experiment.json"
+    if not resume and (run_dir / "last.pt").exists():
+        raise FileExistsError(f"{run_dir / 'last.pt'} exists: resume it or use a new run_dir")
+    dd.init()
+    problem = _mismatch(run_dir, preset, data, budget_keys) if dd.is_main() else None
+    problem = dd.all_gather_objects(problem)[0]  # rank 0's verdict, for every rank
     if problem is not None:
         if not force:
             raise RunMismatch(
-                f"{problem}. Use another run directory, or --force (force=True) to delete "
-                "it and train afresh."
+                f"{problem}. Use another run directory, or retrain it: --force for "
+                "`grassflow reproduce`, force=True in Python."
             )
         logger.warning("%s; --force: deleting it and starting afresh", problem)
         if dd.is_main():
@@ -126,12 +120,34 @@ def claim_run_dir(
         dd.barrier()
     if dd.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(preset, exp_path)
-        write_json(data, data_path)
+        write_json(preset, run_dir / "experiment.json")
+        write_json(data, run_dir / "data.json")
+    dd.barrier()
 
 
-def _read(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+def _mismatch(run_dir: Path, preset: dict, data: dict, budget_keys: tuple[str, ...]) -> str | None:
+    """Why ``run_dir`` is not this run, or None if it is (or is new)."""
+    exp_path, data_path = run_dir / "experiment.json", run_dir / "data.json"
+    if not exp_path.exists():
+        if (run_dir / "last.pt").exists():
+            return f"{run_dir} holds a training checkpoint but no experiment.json"
+        return None
+    old = _flatten(json.loads(exp_path.read_text()))
+    new = _flatten(preset)
+    if data_path.exists():
+        old.update(_flatten({"data": json.loads(data_path.read_text())}))
+        new.update(_flatten({"data": data}))
+    else:
+        logger.warning("%s predates data.json: adopting it for the data given now", run_dir)
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "<missing>"), new.get(key, "<missing>")
+        if a == b or key in _FREE or key.endswith("path") or (a == "<missing>" and b is None):
+            continue
+        if key in budget_keys and _number(a) and _number(b) and b >= a:
+            continue
+        diffs.append(f"{key}: {a!r} -> {b!r}")
+    return f"{run_dir} holds a different run ({'; '.join(diffs)})" if diffs else None
 
 
 def _number(x: Any) -> bool:

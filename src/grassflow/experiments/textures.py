@@ -141,14 +141,16 @@ def texture_stream(dataset: str, dtype: torch.dtype):
     return sampler
 
 
-def claim(exp: TexturesExperiment, run_dir: str | Path, force: bool = False) -> dict:
+def claim(
+    exp: TexturesExperiment, run_dir: str | Path, force: bool = False, resume: bool = True
+) -> dict:
     """:func:`.runs.claim_run_dir` for ``exp``; returns its held-out splits.
 
     The training stream is generated, so the data's identity is the hash of the held-out
     splits that the same generator draws.
     """
     splits = _splits(exp, getattr(torch, exp.train.dtype))
-    claim_run_dir(run_dir, exp.to_dict(), data_identity(**splits), force=force)
+    claim_run_dir(run_dir, exp.to_dict(), data_identity(**splits), force=force, resume=resume)
     return splits
 
 
@@ -166,7 +168,7 @@ def run(
     ``run_dir`` must be new or hold the same preset and data (:func:`claim`); ``force``
     deletes a mismatched one instead of raising.
     """
-    splits = claim(exp, run_dir, force)
+    splits = claim(exp, run_dir, force, resume)
     return train(
         build_model(exp),
         texture_stream(exp.dataset, getattr(torch, exp.train.dtype)),

@@ -89,7 +89,7 @@ def reproduce(
     for name in datasets:
         exp = dataclasses.replace(base, dataset=name)
         run_dir = Path(runs_dir) / name
-        exp.train = exp.train.replace(total_budget_minutes=budget_minutes, budget_minutes=None)
+        exp.train = exp.train.replace(total_budget_minutes=budget_minutes)
         run(exp, run_dir, resume=True, progress=progress, force=force)
         status = training_status(run_dir)
         row = evaluate(run_dir)

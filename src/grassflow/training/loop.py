@@ -250,7 +250,12 @@ def train(
                 if callback is not None:
                     with isolated_rng(derive_seed(config.seed, "callback", done), device):
                         callback(done, model, record)
-            bar.update(1 if budget_s is None else min(since_start(), budget_s) - bar.n)
+            if budget_s is None:
+                bar.update(1)
+            else:  # the share of the budget or of the iterations done, whichever is ahead
+                share = max(since_start() / max(budget_s, 1e-9),
+                            (done - start_iteration) / (config.iterations - start_iteration))
+                bar.update(min(1000.0, 1000.0 * share) - bar.n)
             postfix = _postfix(loss_value, stats, lr, state.best_val)
             if budget_s is not None:
                 postfix = {"it": f"{done}/{config.iterations}", **postfix}
@@ -298,15 +303,17 @@ def _invocation_limit(config: TrainConfig, state: TrainState) -> tuple[float | N
 def _progress_bar(
     config: TrainConfig, iteration: int, limit_s: float | None, name: str, enabled: bool
 ) -> tqdm:
-    """Counts iterations, or, when a wall-clock budget bounds the run, seconds of that budget,
-    so that the ETA is the budget's end rather than that of ``config.iterations``."""
+    """Counts iterations; when a wall-clock budget bounds the run, the share (in permille) of
+    the budget or of the iterations done, whichever is ahead, so that the ETA is the end of
+    whichever comes first rather than that of ``config.iterations`` alone."""
     common = {"disable": not enabled, "desc": name, "dynamic_ncols": True}
     if limit_s is None:
         return tqdm(total=config.iterations, initial=iteration, **common)
+    budget = f"{limit_s / 60:.3g} min"
     return tqdm(
-        total=round(limit_s, 1),
-        unit="s",
-        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s budget [{elapsed}<{remaining}{postfix}]",
+        total=1000.0,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| of " + budget + " or the iterations "
+        "[{elapsed}<{remaining}{postfix}]",
         **common,
     )
 
