@@ -122,10 +122,33 @@ def _particle_experiment(args):
     return _apply_overrides(exp, args)
 
 
+def _shape_experiment(args):
+    from .experiments import shapes
+
+    flow = {"budget_minutes": args.budget_minutes, "iterations": args.iterations,
+            "batch_size": args.batch_size, "lr": args.lr, "grad_clip": args.grad_clip,
+            "seed": args.seed, "device": args.device}  # fmt: skip
+    exp = shapes.ShapeExperiment(data=args.data, key=args.key, potential=args.potential,
+                                 prior=args.prior, objective=args.objective or "fm")  # fmt: skip
+    changes = {k: getattr(args, k) for k in ("atol", "rtol") if getattr(args, k) is not None}
+    exp = dataclasses.replace(exp, **changes)
+    exp.flow = exp.flow.replace(**{k: v for k, v in flow.items() if v is not None})
+    gram = {"iterations": args.gram_iterations, "seed": args.seed, "device": args.device}
+    exp.gram = exp.gram.replace(**{k: v for k, v in gram.items() if v is not None})
+    return exp
+
+
 def cmd_train(args) -> None:
     from .experiments import particles as px
+    from .experiments import shapes
     from .experiments import textures as tx
 
+    if args.data is not None:
+        exp = shapes.run(_shape_experiment(args), args.run_dir, resume=args.resume,
+                         progress=not args.no_progress)  # fmt: skip
+        print(f"trained a ShapeFlow of {exp.n_points} points in {exp.dim}-D in {args.run_dir}; "
+              f"`grassflow eval {args.run_dir}` for the test NLL")
+        return
     if args.dataset in px.SIZES:
         exp, module = _particle_experiment(args), px
     else:
@@ -135,21 +158,30 @@ def cmd_train(args) -> None:
 
 
 def _run_kind(run_dir: str):
-    """The experiment module that wrote ``run_dir`` (textures or particles)."""
+    """The experiment module that wrote ``run_dir`` (textures, particles or shapes)."""
     import json
 
     from .experiments import particles as px
+    from .experiments import shapes
     from .experiments import textures as tx
 
     path = Path(run_dir) / "experiment.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a grassflow run directory?")
-    return px if "system" in json.loads(path.read_text()) else tx
+    preset = json.loads(path.read_text())
+    return px if "system" in preset else shapes if "n_points" in preset else tx
 
 
 def cmd_eval(args) -> None:
     module = _run_kind(args.run_dir)
-    if module.__name__.endswith("particles"):
+    if module.__name__.endswith("shapes"):
+        r = module.evaluate(args.run_dir, n_samples=args.n_samples, seed=args.seed)
+        print(f"[{r['n_points']} points in {r['dim']}-D, {r['potential']} potential] test NLL "
+              f"{r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats per shape = Grassmann "
+              f"{r['test_nll_grassmann']:.3f} (uniform {r['uniform_nll_grassmann']:.3f}) + Gram "
+              f"{r['test_nll_gram']:.3f} + Jacobian {r['test_nll_jacobian']:.3f} | pair-distance"
+              f" JSD {r['distance_jsd']:.4f}")
+    elif module.__name__.endswith("particles"):
         r = module.evaluate(args.run_dir)
         print(f"[{r['system']}, {r['protocol']}, {r['manifold']}] test NLL {r['test_nll']:.3f} "
               f"± {r['test_nll_sem']:.3f} nats | prior {r['prior_nll']:.3f} | uniform "
@@ -165,7 +197,20 @@ def cmd_sample(args) -> None:
     from .training import distributed as dd
     from .training import distributed_sample
 
-    _, model = _run_kind(args.run_dir).load_run(args.run_dir)
+    module = _run_kind(args.run_dir)
+    if module.__name__.endswith("shapes"):
+        X = module.sample(args.run_dir, args.n, args.seed)
+        out = Path(args.out).with_suffix(".npy")
+        np.save(out, X)
+        written = [out]
+        if X.shape[-1] == 3:
+            exp, _ = module.load_run(args.run_dir)
+            labels = None if exp.labels is None else np.broadcast_to(exp.labels, X.shape[:2])
+            module.write_xyz(out.with_suffix(".xyz"), X, labels, "grassflow ShapeFlow sample")
+            written.append(out.with_suffix(".xyz"))
+        print(f"wrote {args.n} clouds {tuple(X.shape)} to " + ", ".join(map(str, written)))
+        return
+    _, model = module.load_run(args.run_dir)
     # under torchrun each rank draws a share with its own seed, and rank 0 writes
     Y, logp = distributed_sample(model, args.n, args.seed)
     if not dd.is_main():
@@ -180,7 +225,11 @@ def cmd_plot(args) -> None:
 
     if args.prior:
         print("wrote", fig.plot_prior(args.prior, sigma2=args.sigma2))
-    if args.run_dir:
+    if args.run_dir and _run_kind(args.run_dir).__name__.endswith("shapes"):
+        from .experiments import shapes
+
+        print("wrote", shapes.plot(args.run_dir))
+    elif args.run_dir:
         print("wrote", ", ".join(str(p) for p in fig.plot_run(args.run_dir)))
     if not (args.prior or args.run_dir):
         raise SystemExit("grassflow plot: give a RUN_DIR and/or --prior OUT.png")
@@ -315,6 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default="2spirals", choices=TEXTURES + PARTICLE_SYSTEMS)
     p.add_argument("--run-dir", required=True)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/last.pt")
+    g = p.add_argument_group("your own point clouds (a ShapeFlow; --dataset is then ignored)")
+    g.add_argument("--data", help="an (N, n, d) .npy, an .npz, or a folder of .xyz files")
+    g.add_argument("--key", help="the array's name in an .npz")
+    g.add_argument("--potential", default="graph", choices=("graph", "mlp"),
+                   help="permutation-invariant message passing (default) or the paper's MLP")
+    g.add_argument("--gram-iterations", type=int, help="Gram density steps (after the flow)")
     g = p.add_argument_group("DW4 / LJ13 data")
     _add_particle_data_options(g)
     g.add_argument("--protocol", default="com-free", choices=("com-free", "paper"))

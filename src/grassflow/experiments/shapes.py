@@ -1,0 +1,282 @@
+"""Users' own point clouds: train, evaluate, sample and plot a :class:`ShapeFlow`.
+
+``grassflow train --data shapes.npy`` (or ``.npz``, or a folder of ``.xyz`` files) lands here.
+The clouds are split at random (seeded) into train / val / test. Two models are trained, in
+``run_dir/flow`` and ``run_dir/gram``: the GrCNF on Gr(d, n - 1) for the clouds' spans (flow
+matching by default, or maximum likelihood), then the Gram density by maximum likelihood. The
+Cartesian NLL is their sum plus a term of the data alone, so each part's validation NLL picks
+its checkpoint as the whole one would.
+
+A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``gram/``, ``eval.json``,
+``samples.npy`` / ``samples.xyz`` and the pictures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..data.point_clouds import load_point_clouds, write_xyz
+from ..flows import POTENTIALS, ShapeFlow
+from ..metrics import histogram, jsd
+from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
+from ..training.checkpoint import write_json
+from ..training.rng import seeded_init
+from .runs import checkpoint_path, claim_run_dir, data_identity, read_preset, training_status
+
+__all__ = [
+    "ShapeExperiment", "build_model", "evaluate", "load_clouds", "load_run", "plot", "run",
+    "sample", "write_xyz",
+]  # fmt: skip
+
+logger = logging.getLogger(__name__)
+
+
+def _flow_config() -> TrainConfig:
+    return TrainConfig(
+        lr=1e-3, weight_decay=1e-12, batch_size=128, iterations=20_000, val_every=None,
+        val_doubling_from=100, val_every_minutes=1.0, log_every=100, checkpoint_every=1000,
+        dtype="float64",
+    )  # fmt: skip
+
+
+def _gram_config() -> TrainConfig:
+    return TrainConfig(lr=1e-3, batch_size=128, iterations=2000, val_every=200, log_every=50,
+                       checkpoint_every=500, dtype="float64")  # fmt: skip
+
+
+@dataclass
+class ShapeExperiment:
+    """A shape model of the clouds in ``data``.
+
+    Attributes:
+        data: a ``.npy`` array (N, n, d), an ``.npz`` (array ``key``), or a folder or file of
+            ``.xyz`` frames (see :func:`grassflow.data.point_clouds.load_point_clouds`).
+        key: the ``.npz`` array's name.
+        potential: ``"graph"`` (permutation invariant) or ``"mlp"`` (the paper's).
+        hidden, layers: the potential's widths (see :class:`ShapeFlow`).
+        prior: the GrCNF base, ``"uniform"`` or ``"gaussian"``.
+        objective: the GrCNF's, ``"fm"``, ``"fm-ot"`` or ``"mle"``.
+        atol, rtol: ODE tolerances (of training with MLE and of every evaluation).
+        chunk_size: clouds per exact-divergence solve (bounds the memory of evaluation).
+        val_fraction, test_fraction, split_seed: the random split.
+        n_val_flow: validation clouds for the GrCNF's exact NLL (the Gram density uses all).
+        flow, gram: the two training configurations.
+        n_points, dim, labels: read from the data (labels when every cloud has the same).
+    """
+
+    data: str
+    key: str | None = None
+    potential: str = "graph"
+    hidden: int | tuple[int, ...] | None = None
+    layers: int = 2
+    prior: str = "uniform"
+    objective: str = "fm"
+    atol: float = 1e-5
+    rtol: float = 1e-5
+    chunk_size: int = 16
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    split_seed: int = 0
+    n_val_flow: int = 200
+    flow: TrainConfig = field(default_factory=_flow_config)
+    gram: TrainConfig = field(default_factory=_gram_config)
+    n_points: int | None = None
+    dim: int | None = None
+    labels: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.potential not in POTENTIALS:
+            raise ValueError(f"potential must be one of {POTENTIALS}, got {self.potential!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {tuple(OBJECTIVES)}, got "
+                             f"{self.objective!r}")  # fmt: skip
+        if not (0 < self.val_fraction < 1 and 0 < self.test_fraction < 1
+                and self.val_fraction + self.test_fraction < 1):  # fmt: skip
+            raise ValueError("val_fraction and test_fraction must be in (0, 1) with sum < 1")
+        for name in ("flow", "gram"):
+            if isinstance(getattr(self, name), dict):
+                setattr(self, name, TrainConfig.from_dict(getattr(self, name)))
+        if isinstance(self.hidden, list):
+            self.hidden = tuple(self.hidden)
+        if self.labels is not None:
+            self.labels = tuple(self.labels)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["flow"], d["gram"] = self.flow.to_dict(), self.gram.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ShapeExperiment:
+        return cls(**d)
+
+
+def load_clouds(exp: ShapeExperiment) -> dict:
+    """The clouds of ``exp.data`` split into ``train`` / ``val`` / ``test`` float64 tensors
+    ``(N_s, n, d)``, with ``labels`` (shared per-point labels or None) and ``skipped``."""
+    clouds = load_point_clouds(exp.data, key=exp.key)
+    X = torch.as_tensor(clouds.positions, dtype=torch.float64)
+    N = len(X)
+    n_test, n_val = max(1, round(exp.test_fraction * N)), max(1, round(exp.val_fraction * N))
+    if N - n_test - n_val < 1:
+        raise ValueError(f"{exp.data}: {N} usable clouds are too few for a train/val/test split")
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(exp.split_seed))
+    labels = None
+    if clouds.labels is not None and (clouds.labels == clouds.labels[0]).all():
+        labels = tuple(int(v) for v in clouds.labels[0])
+    elif clouds.labels is not None:
+        logger.warning("%s: point labels differ between clouds, so they are not modelled",
+                       exp.data)  # fmt: skip
+    return {
+        "test": X[perm[:n_test]], "val": X[perm[n_test:n_test + n_val]],
+        "train": X[perm[n_test + n_val:]], "labels": labels, "skipped": clouds.skipped,
+    }  # fmt: skip
+
+
+def build_model(exp: ShapeExperiment) -> ShapeFlow:
+    """The :class:`ShapeFlow` of ``exp`` (``n_points`` and ``dim`` resolved), float64."""
+    labels = None if exp.labels is None else torch.tensor(exp.labels)
+    with seeded_init(exp.flow.seed):
+        return ShapeFlow(
+            exp.n_points, exp.dim, potential=exp.potential, hidden=exp.hidden,
+            layers=exp.layers, labels=labels, prior=exp.prior, atol=exp.atol, rtol=exp.rtol,
+            chunk_size=exp.chunk_size,
+        ).double()  # fmt: skip
+
+
+class GramTerm(nn.Module):
+    """``log_prob(P)`` = the Gram density's term of :meth:`ShapeFlow.log_prob` (for training
+    it alone by maximum likelihood; it holds no flow parameters)."""
+
+    def __init__(self, model: ShapeFlow):
+        super().__init__()
+        self.gram = model.gram
+        self._factor = model.factor  # a bound method: the flow is not a submodule here
+
+    def log_prob(self, P: Tensor) -> Tensor:
+        Y, S = self._factor(P)
+        return self.gram.log_prob(S, Y)
+
+
+def run(
+    exp: ShapeExperiment,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    force: bool = False,
+) -> ShapeExperiment:
+    """Train (or continue) both parts of ``exp`` in ``run_dir``; returns the resolved preset."""
+    run_dir = Path(run_dir)
+    if not resume and (run_dir / "flow" / "last.pt").exists():
+        raise FileExistsError(f"{run_dir} holds a trained run: pass --resume or use a new one")
+    splits = load_clouds(exp)
+    for line in splits["skipped"]:
+        print(f"skipped: {line}")
+    n, d = splits["train"].shape[1:]
+    exp = dataclasses.replace(exp, n_points=n, dim=d, labels=splits["labels"])
+    identity = {"path": str(Path(exp.data).resolve()),
+                **data_identity(**{s: splits[s] for s in ("train", "val", "test")})}  # fmt: skip
+    claim_run_dir(run_dir, exp.to_dict(), identity, force=force, resume=resume)
+    model = build_model(exp)
+    Y = {s: model.factor(splits[s])[0] for s in ("train", "val")}
+    model.gram.initialize(model.factor(splits["train"])[1])
+    train(model.flow, Y["train"], exp.flow, run_dir / "flow", val_data=Y["val"][: exp.n_val_flow],
+          objective=OBJECTIVES[exp.objective], resume=True, progress=progress)  # fmt: skip
+    train(GramTerm(model), splits["train"], exp.gram, run_dir / "gram", val_data=splits["val"],
+          resume=True, progress=progress)  # fmt: skip
+    return exp
+
+
+def load_run(run_dir: str | Path) -> tuple[ShapeExperiment, ShapeFlow]:
+    """The preset and the model with each part's best validation checkpoint, eval mode."""
+    run_dir = Path(run_dir)
+    exp = read_preset(run_dir, ShapeExperiment.from_dict, "shape")
+    model = build_model(exp)
+    for part, module in (("flow", model.flow), ("gram", model.gram)):
+        state = load_checkpoint(checkpoint_path(run_dir / part), required=("model",))["model"]
+        if part == "gram":
+            state = {k.removeprefix("gram."): v for k, v in state.items()}
+        module.load_state_dict(state)
+    return exp, model.eval()
+
+
+def _distances(P: np.ndarray) -> np.ndarray:
+    i, j = np.triu_indices(P.shape[1], 1)
+    return np.linalg.norm(P[:, i] - P[:, j], axis=-1).ravel()
+
+
+def sample(run_dir: str | Path, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` generated clouds ``(n, n_points, d)``, centred; also written to ``samples.npy``
+    (and ``samples.xyz`` for 3-D clouds, with the shared labels if any)."""
+    exp, model = load_run(run_dir)
+    with torch.no_grad():
+        X = model.sample(n, torch.Generator().manual_seed(seed)).numpy()
+    np.save(Path(run_dir) / "samples.npy", X)
+    if exp.dim == 3:
+        labels = None if exp.labels is None else np.broadcast_to(exp.labels, X.shape[:2])
+        write_xyz(Path(run_dir) / "samples.xyz", X, labels, "grassflow ShapeFlow sample")
+    return X
+
+
+def evaluate(run_dir: str | Path, n_samples: int = 1000, seed: int = 0) -> dict:
+    """Test NLL in nats per cloud (exact, on the (n - 1) d centred coordinates) with its
+    parts, and the JSD of the pair-distance histograms of samples and test clouds."""
+    run_dir = Path(run_dir)
+    exp, model = load_run(run_dir)
+    test = load_clouds(exp)["test"]
+    with torch.no_grad():
+        terms = model.log_prob_terms(test)
+    X = sample(run_dir, n_samples, seed)
+    a, b = _distances(X), _distances(test.numpy())
+    hi = float(np.quantile(b, 0.999)) * 1.5
+    result = {
+        "n_test": len(test), "n_points": exp.n_points, "dim": exp.dim,
+        "potential": exp.potential, "objective": exp.objective,
+        "test_nll": -terms["log_prob"].mean().item(),
+        "test_nll_sem": (terms["log_prob"].std() / len(test) ** 0.5).item(),
+        "test_nll_grassmann": -terms["grassmann"].mean().item(),
+        "test_nll_gram": -terms["gram"].mean().item(),
+        "test_nll_jacobian": -terms["jacobian"].mean().item(),
+        "uniform_nll_grassmann": model.manifold.log_volume(),
+        "distance_jsd": jsd(histogram(a, 100, 0.0, hi), histogram(b, 100, 0.0, hi)),
+        **{f"{part}_{key}": value for part in ("flow", "gram")
+           for key, value in training_status(run_dir / part).items()},
+    }  # fmt: skip
+    write_json(result, run_dir / "eval.json")
+    return result
+
+
+def plot(run_dir: str | Path, path: str | Path | None = None, n_show: int = 4) -> Path:
+    """Pair-distance histograms of samples beside the test clouds, and ``n_show`` samples."""
+    from matplotlib.figure import Figure
+
+    run_dir = Path(run_dir)
+    exp, _ = load_run(run_dir)
+    samples_path = run_dir / "samples.npy"
+    X = np.load(samples_path) if samples_path.exists() else sample(run_dir, 1000)
+    data = load_clouds(exp)["test"].numpy()
+    fig = Figure(figsize=(3.0 * (n_show + 1), 3.0))
+    axes = fig.subplots(1, n_show + 1)
+    a, b = _distances(X), _distances(data)
+    hi = float(np.quantile(b, 0.999)) * 1.5
+    for values, label, color in ((b, "test clouds", "k"), (a, "samples", "C3")):
+        axes[0].hist(values, bins=100, range=(0, hi), density=True, histtype="step",
+                     color=color, label=label)  # fmt: skip
+    axes[0].set_xlabel("pair distance")
+    axes[0].legend(fontsize=7)
+    for ax, cloud in zip(axes[1:], X):
+        ax.scatter(cloud[:, 0], cloud[:, 1], s=12, c="C3")
+        ax.set_aspect("equal")
+        ax.set_title("sample (first two coordinates)" if exp.dim > 2 else "sample", fontsize=8)
+    fig.tight_layout()
+    path = run_dir / "shapes.png" if path is None else Path(path)
+    fig.savefig(path, dpi=110)
+    return path
