@@ -152,13 +152,13 @@ class ShapeFlow(nn.Module):
 
     # ------------------------------------------------------------ sampling
     def sample(self, m: int, generator: torch.Generator | None = None) -> Tensor:
-        """``m`` centred clouds ``(m, n, d)``, each in a Haar-random orientation."""
-        Y = torch.cat([self.flow.sample(c, generator) for c in _chunks(m, self.chunk_size)])
+        """``m`` centred clouds ``(m, n, d)``, each in a Haar-random orientation (no graph)."""
         with torch.no_grad():
+            Y = torch.cat([self.flow.sample(c, generator) for c in _chunks(m, self.chunk_size)])
             S = self.gram.sample(Y, generator)
-        R = random_orthogonal((m,), self.dim, generator=generator, dtype=Y.dtype,
-                              device=Y.device)  # fmt: skip
-        return self.H @ (Y @ torch.linalg.cholesky(S) @ R)
+            R = random_orthogonal((m,), self.dim, generator=generator, dtype=Y.dtype,
+                                  device=Y.device)  # fmt: skip
+            return self.H @ (Y @ torch.linalg.cholesky(S) @ R)
 
 
 def _chunks(m: int, size: int) -> list[int]:

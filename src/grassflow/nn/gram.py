@@ -65,7 +65,8 @@ class WishartGram(nn.Module):
 
     @torch.no_grad()
     def initialize(self, S: Tensor) -> None:
-        """Set the common scale so that ``E[tr S]`` matches the mean trace of ``S: (N, k, k)``."""
+        """Set the common scale so that ``E[tr S]`` matches the mean trace of ``S: (N, k, k)``
+        (exactly so on a fresh module, whose per-point weights are all equal)."""
         trace = torch.diagonal(S, dim1=-2, dim2=-1).sum(-1).mean()
         self.weight.bias.fill_(math.log(float(trace) / self.k))
 
