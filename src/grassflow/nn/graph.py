@@ -116,19 +116,11 @@ class GraphPotential(nn.Module):
     """The potential ``v(t, Y)``: :class:`PointGraph` features, mean over the points, and a
     time-conditioned readout. Arguments as :class:`PointGraph`."""
 
-    def __init__(
-        self,
-        n_points: int,
-        k: int,
-        hidden: int = 32,
-        layers: int = 2,
-        labels: Tensor | None = None,
-        n_labels: int | None = None,
-    ):
+    def __init__(self, *args, **kwargs):
         super().__init__()
-        self.graph = PointGraph(n_points, k, hidden, layers, labels, n_labels)
-        self.readout = ConcatSquash(hidden, hidden)
-        self.out = nn.Linear(hidden, 1)
+        self.graph = PointGraph(*args, **kwargs)
+        self.readout = ConcatSquash(self.graph.hidden, self.graph.hidden)
+        self.out = nn.Linear(self.graph.hidden, 1)
 
     def forward(self, t: Tensor, Y: Tensor) -> Tensor:
         """``t``: scalar or ``(...)``; ``Y: (..., n - 1, k)`` -> ``(...)``."""
