@@ -323,6 +323,7 @@ def test_wishart_gram_is_equivariant_and_permutation_invariant(n, k):
 
 # torch's Wishart.rsample warns "Singular sample detected" for valid samples (it tests the
 # support check without negating it) and redraws them; the redraws are still Wishart
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Singular sample detected")
 @pytest.mark.parametrize("n,k", CASES)
 def test_wishart_gram_normalizes(n, k):

@@ -193,6 +193,7 @@ def test_samples_are_isotropic(mc):
             assert abs(x.mean().item()) < tol
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,d", [(4, 2), (5, 3)])
 def test_sampled_gram_follows_the_conditional_law(n, d):
     # catches: a sampler whose Gram matrix is not drawn from log_prob's p(S | Y) in the frame
@@ -276,6 +277,7 @@ def test_sample_shape_centring_and_reproducibility(n, d):
 
 
 # ------------------------------------------------------------------ terms and validation
+@pytest.mark.slow
 @pytest.mark.parametrize("n,d", [(4, 2), (5, 2), (6, 3), (7, 2)])
 def test_log_prob_terms(n, d):
     # catches: terms that do not add up, the Jacobian computed with n instead of n - 1 rows
