@@ -35,6 +35,7 @@ def test_npy_train_eval_sample_plot(tmp_path, capsys):
                  *FAST]) == 0  # fmt: skip
     exp = json.loads((run / "experiment.json").read_text())
     assert (exp["n_points"], exp["dim"], exp["potential"]) == (5, 2, "graph")
+    assert exp["prior"] == "uniform"  # the permutation-invariant base, not DW4's default
     assert main(["eval", str(run), "--n-samples", "50"]) == 0
     r = json.loads((run / "eval.json").read_text())
     parts = r["test_nll_grassmann"] + r["test_nll_gram"] + r["test_nll_jacobian"]
@@ -49,6 +50,13 @@ def test_npy_train_eval_sample_plot(tmp_path, capsys):
     assert X.shape == (7, 5, 2) and np.abs(X.mean(axis=1)).max() < 1e-12
     assert main(["plot", str(run)]) == 0
     assert (run / "shapes.png").stat().st_size > 10_000
+    # catches: a longer run refused as "another run" instead of continuing (resume)
+    more = [a if a != "30" else "45" for a in FAST]
+    assert main(["train", "--data", str(tmp_path / "shapes.npy"), "--run-dir", str(run),
+                 *more, "--resume"]) == 0  # fmt: skip
+    assert main(["eval", str(run), "--n-samples", "50"]) == 0
+    r = json.loads((run / "eval.json").read_text())
+    assert r["flow_iterations"] == 45 and r["gram_iterations"] == 45
     # the model behind the numbers is the one the command-line evaluated
     _, model = shapes.load_run(run)
     test = shapes.load_clouds(shapes.ShapeExperiment.from_dict(exp))["test"]

@@ -117,7 +117,7 @@ def _particle_experiment(args):
 
     exp = px.ParticleExperiment(
         system=args.dataset, protocol=args.protocol, n_train=args.n_train, source=args.source,
-        data_dir=args.data_dir, objective=args.objective or "mle", prior=args.prior,
+        data_dir=args.data_dir, objective=args.objective or "mle", prior=args.prior or "gaussian",
     )
     return _apply_overrides(exp, args)
 
@@ -129,7 +129,8 @@ def _shape_experiment(args):
             "batch_size": args.batch_size, "lr": args.lr, "grad_clip": args.grad_clip,
             "seed": args.seed, "device": args.device}  # fmt: skip
     exp = shapes.ShapeExperiment(data=args.data, key=args.key, potential=args.potential,
-                                 prior=args.prior, objective=args.objective or "fm")  # fmt: skip
+                                 prior=args.prior or "uniform",
+                                 objective=args.objective or "fm")  # fmt: skip
     changes = {k: getattr(args, k) for k in ("atol", "rtol") if getattr(args, k) is not None}
     exp = dataclasses.replace(exp, **changes)
     exp.flow = exp.flow.replace(**{k: v for k, v in flow.items() if v is not None})
@@ -374,8 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_particle_data_options(g)
     g.add_argument("--protocol", default="com-free", choices=("com-free", "paper"))
     g.add_argument("--n-train", type=int, default=1000, help="training configurations")
-    g.add_argument("--prior", default="gaussian", choices=("gaussian", "uniform"),
-                   help="base distribution (paper: gaussian, sigma 0.3)")
+    g.add_argument("--prior", choices=("gaussian", "uniform"),
+                   help="base distribution: default gaussian (the paper's, sigma 0.3) for "
+                        "DW4/LJ13, uniform (permutation invariant) for --data")
     _add_train_options(p)
     p.set_defaults(func=cmd_train)
 

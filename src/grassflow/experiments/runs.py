@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 # Preset fields that change neither what a run is nor its trajectory: how long one
 # invocation may train, where, and where the data lie (data.json hashes their content).
-_FREE = ("train.budget_minutes", "train.device", "data_dir", "cache_dir")
+_FREE = ("train.budget_minutes", "train.device", "data_dir", "cache_dir", "data",
+         "flow.budget_minutes", "flow.device", "gram.budget_minutes", "gram.device")
 
 
 class RunMismatch(ValueError):

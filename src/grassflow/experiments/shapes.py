@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.point_clouds import load_point_clouds, write_xyz
+from ..distributions.cartesian import shape_factor
 from ..flows import POTENTIALS, ShapeFlow
 from ..metrics import histogram, jsd
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
@@ -158,11 +159,11 @@ class GramTerm(nn.Module):
     def __init__(self, model: ShapeFlow):
         super().__init__()
         self.gram = model.gram
-        self._factor = model.factor  # a bound method: the flow is not a submodule here
+        self.register_buffer("H", model.H.clone(), persistent=False)  # follows .to(device)
 
     def log_prob(self, P: Tensor) -> Tensor:
-        Y, S = self._factor(P)
-        return self.gram.log_prob(S, Y)
+        Y, lam, _ = shape_factor(self.H.mT @ (P - P.mean(dim=-2, keepdim=True)))
+        return self.gram.log_prob(torch.diag_embed(lam), Y)
 
 
 def run(
@@ -184,7 +185,9 @@ def run(
     exp = dataclasses.replace(exp, n_points=n, dim=d, labels=splits["labels"])
     identity = {"path": str(Path(exp.data).resolve()),
                 **data_identity(**{s: splits[s] for s in ("train", "val", "test")})}  # fmt: skip
-    claim_run_dir(run_dir, exp.to_dict(), identity, force=force, resume=resume)
+    claim_run_dir(run_dir, exp.to_dict(), identity, force=force, resume=resume,
+                  budget_keys=("flow.iterations", "gram.iterations", "flow.total_budget_minutes",
+                               "gram.total_budget_minutes"))  # fmt: skip
     model = build_model(exp)
     Y = {s: model.factor(splits[s])[0] for s in ("train", "val")}
     model.gram.initialize(model.factor(splits["train"])[1])

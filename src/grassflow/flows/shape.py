@@ -95,7 +95,7 @@ class ShapeFlow(nn.Module):
             train_T=train_T, divergence=divergence, method=method, atol=atol, rtol=rtol,
         )  # fmt: skip
         self.gram = WishartGram(n_points, dim, gram_hidden, gram_layers, labels)
-        self.register_buffer("H", helmert_basis(n_points, torch.get_default_dtype()))
+        self.register_buffer("H", helmert_basis(n_points))  # float64; used in P's dtype
 
     def extra_repr(self) -> str:
         return f"n_points={self.n_points}, dim={self.dim}, chunk_size={self.chunk_size}"
@@ -106,7 +106,7 @@ class ShapeFlow(nn.Module):
 
     # ------------------------------------------------------------ coordinates
     def _check(self, P: Tensor) -> None:
-        ref = self.H
+        ref = self.flow.prior_mean
         if not isinstance(P, Tensor) or P.dim() != 3 or P.shape[1:] != (self.n_points, self.dim):
             shape = tuple(P.shape) if isinstance(P, Tensor) else type(P).__name__
             raise ValueError(f"P must be (B, {self.n_points}, {self.dim}) clouds, got {shape}")
@@ -121,7 +121,7 @@ class ShapeFlow(nn.Module):
     def helmert(self, P: Tensor) -> Tensor:
         """CoM-free coordinates ``P' = H^T (P - mean): (B, n - 1, d)`` of clouds ``(B, n, d)``."""
         self._check(P)
-        return self.H.mT @ (P - P.mean(dim=-2, keepdim=True))
+        return self.H.to(P).mT @ (P - P.mean(dim=-2, keepdim=True))
 
     def factor(self, P: Tensor) -> tuple[Tensor, Tensor]:
         """``(Y, S)``: the canonical representative ``(B, n - 1, d)`` of the cloud's span and
@@ -158,7 +158,7 @@ class ShapeFlow(nn.Module):
             S = self.gram.sample(Y, generator)
             R = random_orthogonal((m,), self.dim, generator=generator, dtype=Y.dtype,
                                   device=Y.device)  # fmt: skip
-            return self.H @ (Y @ torch.linalg.cholesky(S) @ R)
+            return self.H.to(Y) @ (Y @ torch.linalg.cholesky(S) @ R)
 
 
 def _chunks(m: int, size: int) -> list[int]:

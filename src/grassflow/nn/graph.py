@@ -59,7 +59,7 @@ class PointGraph(nn.Module):
         if not (isinstance(hidden, int) and isinstance(layers, int) and min(hidden, layers) >= 1):
             raise ValueError(f"hidden and layers must be positive integers, got {hidden}, {layers}")
         self.n_points, self.k, self.hidden = n_points, k, hidden
-        self.register_buffer("H", helmert_basis(n_points, torch.get_default_dtype()))
+        self.register_buffer("H", helmert_basis(n_points))  # float64; used in Y's dtype
         onehot = torch.zeros(n_points, 0)
         if labels is not None:
             labels = torch.as_tensor(labels)
