@@ -238,3 +238,27 @@ def test_success_and_divergence_shut_down(monkeypatch, capsys, shutdowns):
     err = capsys.readouterr().err
     assert "training diverged: loss is nan at iteration 7" in err and "Traceback" not in err
     assert shutdowns == [1, 1]
+
+
+def test_reproduce_table2_options_reach_the_preset(tmp_path, monkeypatch, capsys):
+    # catches: --potential (or a budget) parsed but not passed on to the QM9 preset
+    from grassflow.experiments import qm9_report
+
+    seen = {}
+
+    def reproduce(out, runs, exp, progress, force):
+        seen.update(exp=exp, out=out, runs=runs, force=force)
+        return {}
+
+    monkeypatch.setattr(qm9_report, "reproduce", reproduce)
+    monkeypatch.setattr(qm9_report, "markdown_table", lambda r: "table")
+    args = ["reproduce", "table2", "--potential", "graph", "--budget", "2", "--scale-budget",
+            "0.5", "--runs", str(tmp_path / "r"), "--force"]  # fmt: skip
+    assert main(args) == 0
+    exp = seen["exp"]
+    assert (exp.potential, exp.flow_minutes, exp.scale_minutes) == ("graph", 2.0, 0.5)
+    assert exp.hidden == (32, 32, 32) and seen["force"] and seen["runs"] == str(tmp_path / "r")
+    assert main(["reproduce", "table2", "--runs", str(tmp_path / "r")]) == 0
+    assert seen["exp"].potential == "mlp"  # the paper's potential by default
+    with pytest.raises(SystemExit):
+        main(["reproduce", "table2", "--potential", "transformer"])

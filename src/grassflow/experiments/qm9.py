@@ -1,29 +1,32 @@
 """Paper §5.3, QM9 positional, in the com-free protocol with an exact Cartesian likelihood.
 
-A centred 19-atom molecule written in the Helmert basis of 1-perp is ``P: (18, 3)``,
-factored as ``P = Y diag(sqrt(lam)) R^T``
-(:func:`grassflow.distributions.cartesian.shape_factor`).
-Three models, trained separately:
+A molecule is a centred cloud ``X: (19, 3)`` (Å); in the Helmert basis H of 1-perp it is
+``P = H^T X: (18, 3) = Y B`` with [Y] in Gr(3, 18) and the in-span Gram matrix ``S = B B^T``
+(:func:`grassflow.distributions.cartesian.shape_factor`). Two models share one GrCNF on
+Gr(3, 18) for [Y] (flow matching by default, or maximum likelihood):
 
-* a GrCNF on Gr(3, 18) for [Y] (flow matching by default, or maximum likelihood);
-* exact model: an :class:`~grassflow.nn.eigenvalues.EigenvalueDensity` for lam given the
-  canonical Y (the paper's scale-estimator trunk), by maximum likelihood. With the flow it is
-  an exact, O(3)-invariant density on the 54-dimensional centred coordinates
-  (:func:`~grassflow.distributions.cartesian.cartesian_log_prob`), on the same space as E-NF's;
+* exact model: a :class:`~grassflow.flows.ShapeFlow` ``(19, 3)``, the GrCNF (its ``flow``;
+  potential ``"mlp"``, the paper's, by default, or ``"graph"``, invariant to relabelling the
+  atoms) and a :class:`~grassflow.nn.gram.WishartGram` for S given Y (its ``gram``), trained
+  in two stages as :mod:`.shapes` trains users' clouds (:func:`.shapes.train_shape_flow`).
+  It is an exact, O(3)-invariant density on the 54-dimensional centred coordinates
+  (:meth:`ShapeFlow.log_prob`), on the same space as E-NF's;
 * the paper's model: the scale estimator as a :class:`~grassflow.nn.scale.GramDecoder`,
   S' = Y'^T P P^T Y' given a representative Y' = Y Q whose orientation Q is latent (Haar
   prior and posterior), trained on the -ELBO of the paper's appendix
-  (:func:`~grassflow.distributions.cartesian.cartesian_elbo`). The flow is shared: the GrCNF
-  term of the ELBO does not depend on Q. Besides the -ELBO we report an importance-weighted
-  estimate of the same model's NLL.
+  (:func:`~grassflow.distributions.cartesian.cartesian_elbo`). The flow is the ShapeFlow's:
+  the GrCNF term of the ELBO does not depend on Q. Besides the -ELBO we report an
+  importance-weighted estimate of the same model's NLL.
 
 The paper's protocol is Gr(3, 19) with uncentred coordinates; centred molecules lie on a
 measure-zero sub-Grassmannian there, so its densities are not comparable with E-NF's (see
 Table 1's paper protocol). We use the com-free Gr(3, 18) for both models. Atom types are not
 modelled: generated ``.xyz`` files use ``X``.
 
-A run directory holds ``experiment.json``, ``flow/``, ``scale/`` and ``decoder/`` (trainer
-files), ``eval.json`` and ``samples.npy`` / ``samples_paper.npy``.
+A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``gram/`` and
+``decoder/`` (trainer files), ``eval.json`` and ``samples.npy`` / ``samples_paper.npy``.
+Runs made before the exact model was a ShapeFlow (with ``scale/``) are refused as another
+run (their ``experiment.json`` lacks ``potential``); retrain them with ``force``.
 """
 
 from __future__ import annotations
@@ -38,21 +41,12 @@ from torch import Tensor, nn
 
 from ..data.qm9 import distance_histogram, load_qm9_positional
 from ..data.shapes import helmert_basis
-from ..distributions.cartesian import (
-    cartesian_elbo,
-    cartesian_log_prob,
-    log_jacobian,
-    random_orthogonal,
-    shape_factor,
-)
-from ..flows import GrCNF
-from ..manifolds import Grassmann
+from ..distributions.cartesian import cartesian_elbo, random_orthogonal, shape_factor
+from ..flows import POTENTIALS, GrCNF, ShapeFlow
 from ..metrics import jsd
-from ..nn import PRESETS, GrassmannField, Potential
-from ..nn.eigenvalues import EigenvalueDensity
+from ..nn import PRESETS
 from ..nn.scale import GramDecoder, ScaleEstimator
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
-from ..training import distributed as dd
 from ..training.checkpoint import write_json
 from ..training.rng import seeded_init
 from .runs import (
@@ -63,10 +57,11 @@ from .runs import (
     read_preset,
     training_status,
 )
+from .shapes import load_shape_flow, train_shape_flow
 
 __all__ = [
-    "PAPER", "DecoderModel", "QM9Experiment", "QM9Models", "RunMismatch", "ScaleModel",
-    "evaluate", "load_run", "run", "sample_molecules", "training_status",
+    "PAPER", "DecoderModel", "QM9Experiment", "QM9Models", "RunMismatch", "evaluate",
+    "load_molecules", "load_run", "load_split", "run", "sample_molecules", "training_status",
 ]  # fmt: skip
 
 # paper Table 2: GrCNF reports -ELBO (an upper bound of its NLL), E-NF an NLL
@@ -82,22 +77,31 @@ class QM9Experiment:
         objective: ``"fm"``, ``"fm-ot"`` or ``"mle"`` for the GrCNF.
         prior: GrCNF base distribution, ``"uniform"`` or ``"gaussian"`` (paper: M = I,
             U = sigma^2 I, V = sigma^2 I, sigma = 0.3).
-        hidden: GrCNF widths (paper: 32-32-32).
+        potential: the GrCNF's, ``"mlp"`` (the paper's HorP + ConcatSquash MLP) or
+            ``"graph"`` (message passing on the atoms, invariant to relabelling them).
+        hidden: the MLP's widths (paper: 32-32-32).
+        graph_hidden, layers: the graph potential's width and message-passing layers.
+        chunk_size: molecules per exact-divergence ODE solve of the ShapeFlow's
+            ``log_prob`` (bounds the memory of evaluation; the graph potential needs small).
         flow_minutes: GrCNF training wall-clock (resumable).
-        scale_minutes: of each scale model, the eigenvalue density and the paper's decoder.
+        scale_minutes: of each scale model, the Gram density and the paper's decoder.
         elbo_samples, iwae_samples: Haar draws per test molecule for the -ELBO (its
             expectation) and for the importance-weighted NLL of the paper's model.
         n_val: validation molecules used for the GrCNF's model selection (an exact ODE per
-            molecule; the scale model uses all 2,501).
+            molecule; the Gram density and the decoder use all 2,501).
         n_test: evaluate on the first ``n_test`` test molecules only (None: all 1,813).
         cache_dir: where the processed QM9 split is cached.
-        seed: training seed of both models.
+        seed: training seed of the models.
     """
 
     objective: str = "fm"
     prior: str = "uniform"
     sigma: float = 0.3
+    potential: str = "mlp"
     hidden: tuple[int, ...] = PRESETS["qm9"]
+    graph_hidden: int = 32
+    layers: int = 2
+    chunk_size: int = 16
     atol: float = 1e-5
     rtol: float = 1e-5
     flow_minutes: float = 5.0
@@ -114,34 +118,26 @@ class QM9Experiment:
             raise ValueError(
                 f"objective must be one of {tuple(OBJECTIVES)}, got {self.objective!r}"
             )
+        if self.potential not in POTENTIALS:
+            raise ValueError(f"potential must be one of {POTENTIALS}, got {self.potential!r}")
         self.hidden = tuple(self.hidden)
 
     def flow_config(self) -> TrainConfig:
+        """The GrCNF's; ``flow_minutes`` is the run's total over invocations."""
         mle = self.objective == "mle"
         return TrainConfig(
             lr=5e-4 if mle else 1e-3, weight_decay=1e-12, batch_size=128, iterations=10**7,
             val_every=None, val_doubling_from=None if mle else 100, val_every_minutes=0.5,
             log_every=10 if mle else 200, checkpoint_every=100 if mle else 2000,
-            seed=self.seed, budget_minutes=self.flow_minutes,
+            seed=self.seed, total_budget_minutes=self.flow_minutes,
         )  # fmt: skip
 
     def scale_config(self) -> TrainConfig:
+        """The Gram density's and the decoder's; ``scale_minutes`` is each one's total."""
         return TrainConfig(
             lr=1e-3, batch_size=128, iterations=10**7, val_every=500, log_every=100,
-            checkpoint_every=1000, seed=self.seed, budget_minutes=self.scale_minutes,
+            checkpoint_every=1000, seed=self.seed, total_budget_minutes=self.scale_minutes,
         )  # fmt: skip
-
-
-class ScaleModel(nn.Module):
-    """``log_prob(P)`` = log p(lam | Y) of the eigenvalue density, so the trainer can fit it."""
-
-    def __init__(self, density: EigenvalueDensity):
-        super().__init__()
-        self.density = density
-
-    def log_prob(self, P: Tensor) -> Tensor:
-        Y, lam, _ = shape_factor(P)
-        return self.density.log_prob(lam, Y)
 
 
 class DecoderModel(nn.Module):
@@ -163,107 +159,101 @@ class DecoderModel(nn.Module):
 
 @dataclass
 class QM9Models:
-    flow: GrCNF
-    scale: ScaleModel
+    """The exact model (``shape``) and the paper's decoder, which share ``shape.flow``."""
+
+    shape: ShapeFlow
     decoder: DecoderModel
+
+    @property
+    def flow(self) -> GrCNF:
+        return self.shape.flow
+
+
+def load_molecules(cache_dir: str | Path, dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
+    """Train/valid/test molecules as centred clouds ``X: (M, 19, 3)`` (Å)."""
+    data = load_qm9_positional(cache_dir, progress=True)
+    out = {}
+    for s in ("train", "valid", "test"):
+        X = torch.as_tensor(data[s], dtype=dtype)
+        out[s] = X - X.mean(dim=-2, keepdim=True)
+    return out
 
 
 def load_split(cache_dir: str | Path, dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
-    """Train/valid/test molecules as Helmert coordinates ``P: (N, 18, 3)`` (Å)."""
-    data = load_qm9_positional(cache_dir, progress=True)
+    """The same molecules in Helmert coordinates ``P = H^T X: (M, 18, 3)`` (Å)."""
     H = helmert_basis(N + 1, dtype=dtype)
-    return {s: H.mT @ torch.as_tensor(data[s], dtype=dtype) for s in ("train", "valid", "test")}
+    return {s: H.mT @ X for s, X in load_molecules(cache_dir, dtype).items()}
 
 
-def _models(exp: QM9Experiment, init_mean: Tensor | None = None) -> QM9Models:
-    init_scale = None if init_mean is None else torch.exp(0.5 * init_mean).float()
+def _models(exp: QM9Experiment, init_scale: Tensor | None = None) -> QM9Models:
+    """The untrained models of ``exp``: the ShapeFlow in float64, the decoder in float32
+    (``init_scale``: the scale estimator's starting scales, from the training data)."""
+    mlp = exp.potential == "mlp"
     with seeded_init(exp.seed):
-        flow = GrCNF(
-            Grassmann(K, N), GrassmannField(Potential(N, K, exp.hidden)), prior=exp.prior,
-            prior_mean=torch.eye(N, K), row_cov=exp.sigma**2 * torch.eye(N),
-            col_cov=exp.sigma**2 * torch.eye(K), atol=exp.atol, rtol=exp.rtol,
-        )  # fmt: skip
-        return QM9Models(
-            flow, ScaleModel(EigenvalueDensity(N, K, init_mean=init_mean)),
-            DecoderModel(GramDecoder(ScaleEstimator(N, K, init_scale=init_scale))),
-        )  # fmt: skip
-
-
-def _train(model, data, val, cfg, run_dir: Path, objective, progress: bool) -> None:
-    """Train up to ``cfg.budget_minutes`` in total over invocations, and no further."""
-    cfg = cfg.replace(total_budget_minutes=cfg.budget_minutes, budget_minutes=None)
-    train(model, data, cfg, run_dir, val_data=val, objective=objective, resume=True,
-          progress=progress)  # fmt: skip
+        shape = ShapeFlow(
+            N + 1, K, potential=exp.potential, hidden=exp.hidden if mlp else exp.graph_hidden,
+            layers=exp.layers, prior=exp.prior, sigma=exp.sigma, atol=exp.atol, rtol=exp.rtol,
+            chunk_size=exp.chunk_size,
+        ).double()  # fmt: skip
+        decoder = DecoderModel(GramDecoder(ScaleEstimator(N, K, init_scale=init_scale)))
+    return QM9Models(shape, decoder)
 
 
 def run(
     exp: QM9Experiment, run_dir: str | Path, *, progress: bool = True, force: bool = False
 ) -> None:
-    """Train (or continue) the three models of ``exp`` in ``run_dir``.
+    """Train (or continue) the models of ``exp`` in ``run_dir``: the ShapeFlow's flow and
+    Gram density (:func:`.shapes.train_shape_flow`), then the paper's decoder.
 
     ``run_dir`` must be new or hold the same preset and split (:func:`.runs.claim_run_dir`;
     ``flow_minutes`` and ``scale_minutes`` may grow); ``force`` deletes a mismatched one.
     """
     run_dir = Path(run_dir)
-    P = load_split(exp.cache_dir)
+    X = load_molecules(exp.cache_dir)
     identity = {"path": str(Path(exp.cache_dir).resolve()),
-                **data_identity(train=P["train"], valid=P["valid"])}  # fmt: skip
+                **data_identity(train=X["train"], valid=X["valid"])}  # fmt: skip
     claim_run_dir(run_dir, dataclasses.asdict(exp), identity,
                   budget_keys=("flow_minutes", "scale_minutes"), force=force)  # fmt: skip
-    Y = {s: shape_factor(x)[0] for s, x in P.items()}
-    init_mean = shape_factor(P["train"])[1].log().median(dim=0).values
-    if dd.is_main():  # under torchrun, rank 0 writes
-        torch.save(init_mean, run_dir / "init_mean.pt")
-    m = _models(exp, init_mean)
-    _train(m.flow, Y["train"], Y["valid"][: exp.n_val], exp.flow_config(), run_dir / "flow",
-           OBJECTIVES[exp.objective], progress)  # fmt: skip
-    for model, sub in ((m.scale, "scale"), (m.decoder, "decoder")):
-        _train(model, P["train"], P["valid"], exp.scale_config(), run_dir / sub,
-               OBJECTIVES["mle"], progress)  # fmt: skip
+    H = helmert_basis(N + 1, dtype=X["train"].dtype)
+    P = {s: H.mT @ X[s] for s in ("train", "valid")}  # the decoder's coordinates
+    lam = shape_factor(P["train"])[1]
+    m = _models(exp, init_scale=torch.exp(0.5 * lam.log().median(dim=0).values).float())
+    train_shape_flow(m.shape, X["train"], X["valid"], run_dir, exp.flow_config(),
+                     exp.scale_config(), objective=exp.objective, n_val_flow=exp.n_val,
+                     progress=progress)  # fmt: skip
+    train(m.decoder, P["train"], exp.scale_config(), run_dir / "decoder", val_data=P["valid"],
+          objective=OBJECTIVES["mle"], resume=True, progress=progress)  # fmt: skip
 
 
 def load_run(run_dir: str | Path) -> tuple[QM9Experiment, QM9Models]:
-    """The preset and the trained models (best validation checkpoints), in eval mode."""
+    """The preset and the trained models (best validation checkpoints), float64, eval mode."""
     run_dir = Path(run_dir)
     exp = read_preset(run_dir, lambda d: QM9Experiment(**d), "QM9")
-    m = _models(exp, torch.load(run_dir / "init_mean.pt"))
-    for model, sub in ((m.flow, "flow"), (m.scale, "scale"), (m.decoder, "decoder")):
-        ckpt = load_checkpoint(checkpoint_path(run_dir / sub), required=("model",))
-        model.double().load_state_dict(ckpt["model"])
-        model.eval()
+    m = _models(exp)
+    load_shape_flow(m.shape, run_dir)
+    ckpt = load_checkpoint(checkpoint_path(run_dir / "decoder"), required=("model",))
+    m.decoder.double().load_state_dict(ckpt["model"])
+    m.decoder.eval()
     return exp, m
 
 
 def sample_molecules(m: QM9Models, n: int, seed: int = 0, model: str = "exact") -> Tensor:
-    """``n`` generated centred molecules ``(n, 19, 3)`` (Å); the overall rotation is I.
+    """``n`` generated centred molecules ``(n, 19, 3)`` (Å), float64.
 
-    [Y] comes from the flow and a Haar representative Y' = Y Q; ``model="exact"`` draws lam
-    from the eigenvalue density at the canonical Y' (P = Y diag(sqrt(lam))),
-    ``model="paper"`` draws S' from the decoder at Y' (P = Y' chol(S')).
+    ``model="exact"``: :meth:`ShapeFlow.sample` (in a Haar-random overall orientation).
+    ``model="paper"``: [Y] from the flow, a Haar representative Y' = Y Q and S' from the
+    decoder at Y' (P = Y' chol(S'); the overall rotation is I).
     """
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        Y = m.flow.sample(n, generator=gen) @ random_orthogonal((n,), K, generator=gen)
         if model == "exact":
-            Yc, _, _ = shape_factor(Y)  # the canonical sign convention the model saw
-            P = Yc * m.scale.density.sample(Yc, generator=gen).sqrt().unsqueeze(-2)
-        elif model == "paper":
-            P = Y @ torch.linalg.cholesky(m.decoder.decoder.sample(Y, generator=gen))
-        else:
+            return m.shape.sample(n, generator=gen)
+        if model != "paper":
             raise ValueError(f"model must be 'exact' or 'paper', got {model!r}")
-    return helmert_basis(N + 1) @ P
-
-
-def _once(fn):
-    """Memoize a one-argument call: the three likelihoods of a chunk share one flow ODE."""
-    cache = []
-
-    def wrapped(Y):
-        if not cache:
-            cache.append(fn(Y))
-        return cache[0]
-
-    return wrapped
+        Y = m.flow.sample(n, generator=gen)
+        Y = Y @ random_orthogonal((n,), K, generator=gen, dtype=Y.dtype)
+        P = Y @ torch.linalg.cholesky(m.decoder.decoder.sample(Y, generator=gen))
+        return m.shape.H.to(P) @ P
 
 
 def _status(run_dir: Path) -> dict:
@@ -276,59 +266,60 @@ def _mean_sem(name: str, x: Tensor) -> dict[str, float]:
 
 
 def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) -> dict:
-    """Test NLL of the exact model, -ELBO and IWAE NLL of the paper's (nats per molecule,
-    54-D centred coordinates), and the distance JSD of both models' samples."""
+    """Test NLL of the exact model (-:meth:`ShapeFlow.log_prob`, with its parts), -ELBO and
+    IWAE NLL of the paper's (nats per molecule, 54-D centred coordinates), and the distance
+    JSD of both models' samples. ``batch_size``: molecules per -ELBO / IWAE batch.
+
+    ``mean_log_jacobian`` is the mean log-Jacobian of the change of variables to (Y, S, R),
+    a term of the data alone: ``test_nll = test_nll_grassmann + test_nll_gram +
+    mean_log_jacobian``."""
     run_dir = Path(run_dir)
     exp, m = load_run(run_dir)
-    P = load_split(exp.cache_dir)
-    P["test"] = P["test"][: exp.n_test]
+    X = load_molecules(exp.cache_dir)
+    test = X["test"][: exp.n_test]
     gen = torch.Generator().manual_seed(exp.seed)
-    terms = {k: [] for k in ("log_p", "log_p_gr", "log_p_lam", "log_jac", "elbo", "iwae")}
+    elbo, iwae = [], []
     with torch.no_grad():
-        for chunk in P["test"].split(batch_size):
-            log_p_gr = _once(m.flow.log_prob)
+        t = m.shape.log_prob_terms(test)
+        for P, log_gr in zip(m.shape.helmert(test).split(batch_size),
+                             t["grassmann"].split(batch_size)):  # fmt: skip
 
-            def log_p_lam(lam, Y):
-                terms["log_jac"].append(log_jacobian(lam, N))
-                terms["log_p_lam"].append(m.scale.density.log_prob(lam, Y))
-                return terms["log_p_lam"][-1]
+            def log_p_gr(Y, log_gr=log_gr):  # the flow's term of these molecules, solved once
+                return log_gr
 
-            terms["log_p"].append(cartesian_log_prob(chunk, log_p_gr, log_p_lam))
-            terms["log_p_gr"].append(log_p_gr(None))
-            for key, L, iw in (("elbo", exp.elbo_samples, False),
-                               ("iwae", exp.iwae_samples, True)):  # fmt: skip
-                terms[key].append(cartesian_elbo(
-                    chunk, log_p_gr, m.decoder.decoder.log_prob, L, importance_weighted=iw,
-                    generator=gen,
-                ))  # fmt: skip
-        t = {k: torch.cat(v) for k, v in terms.items()}
-    H = helmert_basis(N + 1)
-    train_hist = distance_histogram((H @ P["train"]).numpy())
-    X = sample_molecules(m, n_samples, exp.seed).numpy()
-    X_paper = sample_molecules(m, n_samples, exp.seed, model="paper").numpy()
-    nll = -t["log_p"]
+            for out, L, iw in ((elbo, exp.elbo_samples, False), (iwae, exp.iwae_samples, True)):
+                out.append(cartesian_elbo(P, log_p_gr, m.decoder.decoder.log_prob, L,
+                                          importance_weighted=iw, generator=gen))  # fmt: skip
+    train_hist = distance_histogram(X["train"].numpy())
+    samples = sample_molecules(m, n_samples, exp.seed).numpy()
+    samples_paper = sample_molecules(m, n_samples, exp.seed, model="paper").numpy()
+    nll = -t["log_prob"]
 
     result = {
         **_mean_sem("test_nll", nll),
-        "test_nll_grassmann": -t["log_p_gr"].mean().item(),
-        "test_nll_eigenvalues": -t["log_p_lam"].mean().item(),
-        "mean_log_jacobian": t["log_jac"].mean().item(),
-        "uniform_nll_grassmann": m.flow.manifold.log_volume(),
-        **_mean_sem("paper_neg_elbo", -t["elbo"]),
-        **_mean_sem("paper_nll_iwae", -t["iwae"]),
-        "jsd": jsd(distance_histogram(X), train_hist),
-        "paper_jsd": jsd(distance_histogram(X_paper), train_hist),
-        "jsd_test_data": jsd(distance_histogram((H @ P["test"]).numpy()), train_hist),
+        "test_nll_grassmann": -t["grassmann"].mean().item(),
+        "test_nll_gram": -t["gram"].mean().item(),
+        "mean_log_jacobian": -t["jacobian"].mean().item(),
+        "uniform_nll_grassmann": m.shape.manifold.log_volume(),
+        **_mean_sem("paper_neg_elbo", -torch.cat(elbo)),
+        **_mean_sem("paper_nll_iwae", -torch.cat(iwae)),
+        "jsd": jsd(distance_histogram(samples), train_hist),
+        "paper_jsd": jsd(distance_histogram(samples_paper), train_hist),
+        "jsd_test_data": jsd(distance_histogram(test.numpy()), train_hist),
         "n_test": len(nll),
         "n_samples": n_samples,
         "elbo_samples": exp.elbo_samples,
         "iwae_samples": exp.iwae_samples,
-        **{f"{sub}_{key}": value for sub in ("flow", "scale", "decoder")
-           for key, value in _status(run_dir / sub).items()},
+        **{
+            f"{sub}_{key}": value
+            for sub in ("flow", "gram", "decoder")
+            for key, value in _status(run_dir / sub).items()
+        },
         "objective": exp.objective,
         "prior": exp.prior,
+        "potential": exp.potential,
     }
     write_json(result, run_dir / "eval.json")
-    np.save(run_dir / "samples.npy", X.astype(np.float32))
-    np.save(run_dir / "samples_paper.npy", X_paper.astype(np.float32))
+    np.save(run_dir / "samples.npy", samples.astype(np.float32))
+    np.save(run_dir / "samples_paper.npy", samples_paper.astype(np.float32))
     return result

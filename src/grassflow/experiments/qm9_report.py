@@ -8,11 +8,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..data.qm9 import distance_histogram, load_qm9_positional
-from ..data.shapes import helmert_basis
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
 from ..viz.molecules import plot_nearest
-from .qm9 import PAPER, N, QM9Experiment, evaluate, load_run, load_split, run
+from .qm9 import PAPER, QM9Experiment, evaluate, load_molecules, load_run, run
 
 __all__ = ["markdown_table", "plot_figure5", "plot_histograms", "reproduce", "write_xyz"]
 
@@ -28,7 +27,7 @@ def write_xyz(X: np.ndarray, path: str | Path, comment: str = "grassflow sample"
 
 def _train_molecules(run_dir: str | Path) -> np.ndarray:
     exp, _ = load_run(run_dir)
-    return (helmert_basis(N + 1) @ load_split(exp.cache_dir)["train"]).numpy()
+    return load_molecules(exp.cache_dir)["train"].numpy()
 
 
 def plot_histograms(run_dir: str | Path, path: str | Path) -> None:
@@ -39,7 +38,7 @@ def plot_histograms(run_dir: str | Path, path: str | Path) -> None:
     ax = fig.add_subplot()
     for X, label, color in (
         (_train_molecules(run_dir), "QM9 train", "k"),
-        (np.load(run_dir / "samples.npy"), "GrCNF + eigenvalue density (exact)", "C3"),
+        (np.load(run_dir / "samples.npy"), "ShapeFlow: GrCNF + Wishart Gram (exact)", "C3"),
         (np.load(run_dir / "samples_paper.npy"), "GrCNF + scale estimator (paper)", "C0"),
     ):
         hist = distance_histogram(X)
@@ -94,9 +93,9 @@ def markdown_table(r: dict) -> str:
     enf, paper = PAPER["E-NF"], PAPER["GrCNF"]
     return "\n".join([
         f"QM9 positional, {r['n_test']:,} test molecules, nats per molecule in the 54-D centred "
-        f"space. GrCNF ({r['objective']}, {r['prior']} prior) trained {r['flow_minutes']:.1f} "
-        f"min ({r['flow_iterations']:,} iterations); eigenvalue density "
-        f"{r['scale_minutes']:.1f} min ({r['scale_iterations']:,}); decoder "
+        f"space. GrCNF ({r['objective']}, {r['prior']} prior, {r['potential']} potential) "
+        f"trained {r['flow_minutes']:.1f} min ({r['flow_iterations']:,} iterations); Gram "
+        f"density {r['gram_minutes']:.1f} min ({r['gram_iterations']:,}); decoder "
         f"{r['decoder_minutes']:.1f} min ({r['decoder_iterations']:,}) (2-core CPU). −ELBO: "
         f"{r['elbo_samples']} Haar draws per molecule; IWAE: {r['iwae_samples']}.",
         "",
@@ -107,7 +106,7 @@ def markdown_table(r: dict) -> str:
         f"| GrCNF + scale estimator here (paper's model, Gr(3,18)) | "
         f"{r['paper_nll_iwae']:.1f} ± {r['paper_nll_iwae_sem']:.1f} (IWAE) | "
         f"{r['paper_neg_elbo']:.1f} ± {r['paper_neg_elbo_sem']:.1f} | {r['paper_jsd']:.4f} |",
-        f"| GrCNF + eigenvalue density here (exact, Gr(3,18)) | {r['test_nll']:.1f} ± "
-        f"{r['test_nll_sem']:.1f} | – | {r['jsd']:.4f} |",
+        f"| ShapeFlow here (GrCNF + Wishart Gram density, exact, Gr(3,18)) | "
+        f"{r['test_nll']:.1f} ± {r['test_nll_sem']:.1f} | – | {r['jsd']:.4f} |",
         f"| test data vs train (floor) | – | – | {r['jsd_test_data']:.5f} |",
     ]) + "\n"  # fmt: skip

@@ -5,7 +5,9 @@ The clouds are split at random (seeded) into train / val / test. Two models are 
 ``run_dir/flow`` and ``run_dir/gram``: the GrCNF on Gr(d, n - 1) for the clouds' spans (flow
 matching by default, or maximum likelihood), then the Gram density by maximum likelihood. The
 Cartesian NLL is their sum plus a term of the data alone, so each part's validation NLL picks
-its checkpoint as the whole one would.
+its checkpoint as the whole one would. :func:`train_shape_flow` and :func:`load_shape_flow`
+are this two-stage training and its loading for any :class:`ShapeFlow`; the QM9 experiment
+(:mod:`.qm9`) uses them too.
 
 A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``gram/``, ``eval.json``,
 ``samples.npy`` / ``samples.xyz`` and the pictures.
@@ -32,8 +34,8 @@ from ..training.rng import seeded_init
 from .runs import checkpoint_path, claim_run_dir, data_identity, read_preset, training_status
 
 __all__ = [
-    "ShapeExperiment", "build_model", "evaluate", "load_clouds", "load_run", "plot", "run",
-    "sample", "write_xyz",
+    "GramTerm", "ShapeExperiment", "build_model", "evaluate", "load_clouds", "load_run",
+    "load_shape_flow", "plot", "run", "sample", "train_shape_flow", "write_xyz",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -166,6 +168,60 @@ class GramTerm(nn.Module):
         return self.gram.log_prob(torch.diag_embed(lam), Y)
 
 
+def train_shape_flow(
+    model: ShapeFlow,
+    train_clouds: Tensor,
+    val_clouds: Tensor,
+    run_dir: str | Path,
+    flow: TrainConfig,
+    gram: TrainConfig,
+    *,
+    objective: str = "fm",
+    n_val_flow: int | None = None,
+    progress: bool = True,
+) -> None:
+    """Train (or continue) both parts of ``model``, each resumably in its own directory.
+
+    First the flow on the canonical representatives of the training clouds' spans, by
+    ``objective`` (``"fm"``, ``"fm-ot"`` or ``"mle"``) with ``flow``, in ``run_dir/flow``;
+    then the Gram density by maximum likelihood (:class:`GramTerm`) with ``gram``, in
+    ``run_dir/gram``. A fresh Gram density first takes the training clouds' mean scale
+    (:meth:`WishartGram.initialize`); a resumed one continues from its checkpoint.
+
+    Args:
+        model: the :class:`ShapeFlow`, in the clouds' dtype; each part is moved in place to
+            its configuration's device and dtype.
+        train_clouds, val_clouds: ``(N, n, d)`` clouds (any translation).
+        run_dir: the run directory (``flow/`` and ``gram/`` are made in it).
+        flow, gram: the two training configurations.
+        objective: the flow's.
+        n_val_flow: validation clouds for the flow's exact NLL (None: all); the Gram density
+            is validated on all of them.
+        progress: show progress bars.
+    """
+    run_dir = Path(run_dir)
+    Y_train, S_train = model.factor(train_clouds)
+    Y_val = model.factor(val_clouds[:n_val_flow])[0]
+    model.gram.initialize(S_train)
+    train(model.flow, Y_train, flow, run_dir / "flow", val_data=Y_val,
+          objective=OBJECTIVES[objective], resume=True, progress=progress)  # fmt: skip
+    train(GramTerm(model), train_clouds, gram, run_dir / "gram", val_data=val_clouds,
+          objective=OBJECTIVES["mle"], resume=True, progress=progress)  # fmt: skip
+
+
+def load_shape_flow(model: ShapeFlow, run_dir: str | Path, which: str = "best") -> ShapeFlow:
+    """``model`` with the ``which`` checkpoint of each part trained by
+    :func:`train_shape_flow` in ``run_dir`` (cast to ``model``'s dtype), in eval mode."""
+    run_dir = Path(run_dir)
+    for part, module in (("flow", model.flow), ("gram", model.gram)):
+        ckpt = load_checkpoint(checkpoint_path(run_dir / part, which), required=("model",))
+        state = ckpt["model"]
+        if part == "gram":  # saved from a GramTerm
+            state = {k.removeprefix("gram."): v for k, v in state.items()}
+        module.load_state_dict(state)
+    return model.eval()
+
+
 def run(
     exp: ShapeExperiment,
     run_dir: str | Path,
@@ -188,13 +244,9 @@ def run(
     claim_run_dir(run_dir, exp.to_dict(), identity, force=force, resume=resume,
                   budget_keys=("flow.iterations", "gram.iterations", "flow.total_budget_minutes",
                                "gram.total_budget_minutes"))  # fmt: skip
-    model = build_model(exp)
-    Y = {s: model.factor(splits[s])[0] for s in ("train", "val")}
-    model.gram.initialize(model.factor(splits["train"])[1])
-    train(model.flow, Y["train"], exp.flow, run_dir / "flow", val_data=Y["val"][: exp.n_val_flow],
-          objective=OBJECTIVES[exp.objective], resume=True, progress=progress)  # fmt: skip
-    train(GramTerm(model), splits["train"], exp.gram, run_dir / "gram", val_data=splits["val"],
-          resume=True, progress=progress)  # fmt: skip
+    train_shape_flow(build_model(exp), splits["train"], splits["val"], run_dir, exp.flow,
+                     exp.gram, objective=exp.objective, n_val_flow=exp.n_val_flow,
+                     progress=progress)  # fmt: skip
     return exp
 
 
@@ -202,13 +254,7 @@ def load_run(run_dir: str | Path) -> tuple[ShapeExperiment, ShapeFlow]:
     """The preset and the model with each part's best validation checkpoint, eval mode."""
     run_dir = Path(run_dir)
     exp = read_preset(run_dir, ShapeExperiment.from_dict, "shape")
-    model = build_model(exp)
-    for part, module in (("flow", model.flow), ("gram", model.gram)):
-        state = load_checkpoint(checkpoint_path(run_dir / part), required=("model",))["model"]
-        if part == "gram":
-            state = {k.removeprefix("gram."): v for k, v in state.items()}
-        module.load_state_dict(state)
-    return exp, model.eval()
+    return exp, load_shape_flow(build_model(exp), run_dir)
 
 
 def _distances(P: np.ndarray) -> np.ndarray:
