@@ -7,10 +7,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..ode.divergence import horizontal_basis, horizontal_noise
+from ..ode.divergence import horizontal_basis, horizontal_frame, horizontal_noise
+from . import jet
+from .jet import Jet
 from .layers import ConcatSquash, HorP
 
-__all__ = ["PRESETS", "GrassmannField", "Potential"]
+__all__ = ["LAPLACIANS", "PRESETS", "GrassmannField", "Potential"]
+
+LAPLACIANS = ("auto", "forward", "hvp")
 
 # hidden widths of the ConcatSquash stack (the final width-1 layer is implicit), paper Tables 3-4
 PRESETS: dict[str, tuple[int, ...]] = {
@@ -31,6 +35,8 @@ class Potential(nn.Module):
         final_tanh: apply tanh to the scalar output, as the paper's tables do.
     """
 
+    supports_jet = True  # forward() is written with jet-aware ops
+
     def __init__(
         self,
         D: int,
@@ -47,12 +53,12 @@ class Potential(nn.Module):
         self.final_tanh = final_tanh
 
     def forward(self, t: Tensor, Y: Tensor) -> Tensor:
-        """``Y: (..., D, k)`` -> ``(...)``."""
-        x = torch.tanh(self.horp(Y)).flatten(-2)
+        """``Y: (..., D, k)`` -> ``(...)``; on a :class:`~grassflow.nn.jet.Jet`, its jet."""
+        x = jet.tanh(self.horp(Y)).flatten(-2)
         for i, layer in enumerate(self.layers):
             x = layer(t, x)
             if i < len(self.layers) - 1 or self.final_tanh:
-                x = torch.tanh(x)
+                x = jet.tanh(x)
         return x.squeeze(-1)
 
 
@@ -69,11 +75,20 @@ class GrassmannField(nn.Module):
 
     Args:
         potential: a module ``v(t, Y: (..., D, k)) -> (...)``, invariant under ``Y -> Y Q``.
+            With ``supports_jet = True`` it also maps a :class:`~grassflow.nn.jet.Jet` of Y
+            to the jet of v, and the divergence takes the forward-Laplacian path.
+        laplacian: ``"auto"`` (forward Laplacian where supported, default), ``"forward"``
+            (required) or ``"hvp"`` (Hessian-vector products by double backward).
     """
 
-    def __init__(self, potential: nn.Module):
+    def __init__(self, potential: nn.Module, laplacian: str = "auto"):
         super().__init__()
+        if laplacian not in LAPLACIANS:
+            raise ValueError(f"laplacian must be one of {LAPLACIANS}, got {laplacian!r}")
         self.potential = potential
+        self.laplacian = laplacian
+        self.last_path: str | None = None
+        self.path()  # a required but unsupported forward path fails here
 
     @classmethod
     def from_preset(cls, D: int, k: int, preset: str = "textures", **kwargs) -> GrassmannField:
@@ -93,19 +108,61 @@ class GrassmannField(nn.Module):
 
         For ``X = (I - Y Y^T) G`` with ``G = dv/dY`` and horizontal E,
         ``<E, DX[E]> = <E, H[E]> - tr(E^T E Y^T G)`` (H the Euclidean Hessian), so
-        ``div X = tr_h(H) - (D - k) tr(Y^T G)``. Hessian-vector products by double backward
-        beat ``jvp`` over the ``torch.func`` field on small manifolds (benchmarks/divergence.py).
+        ``div X = tr_h(H) - (D - k) tr(Y^T G)``. Two paths compute it (:attr:`laplacian`):
+        one forward pass of a :class:`~grassflow.nn.jet.Jet` (``"forward"``), or
+        Hessian-vector products by double backward (``"hvp"``). :attr:`last_path` says which
+        ran.
 
         Args:
             t: scalar time.
             Y: ``(B, D, k)`` points.
             noise: ``(B, D, k)`` Gaussian probe for a Hutchinson estimate; None for exact
-                (k(D - k) Hessian-vector products).
+                (the k(D - k) horizontal basis directions).
             create_graph: keep the graph for backpropagation through the result.
 
         Returns:
             ``X: (B, D, k)`` and ``div: (B,)``.
         """
+        path = self.path()
+        self.last_path = path
+        if path == "forward":
+            with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
+                X, div = self._forward_laplacian(t, Y, noise)
+        else:
+            X, div = self._hvp_laplacian(t, Y, noise, create_graph)
+        if not create_graph:
+            X, div = X.detach(), div.detach()
+        return X, div
+
+    def path(self) -> str:
+        """The divergence path :meth:`field_and_divergence` takes: ``"forward"`` where the
+        potential supports jets (``supports_jet``) and :attr:`laplacian` allows, else ``"hvp"``."""
+        if self.laplacian == "hvp":
+            return "hvp"
+        if getattr(self.potential, "supports_jet", False):
+            return "forward"
+        if self.laplacian == "forward":
+            raise ValueError(
+                f"{type(self.potential).__name__} does not support the forward Laplacian "
+                "(no supports_jet); use laplacian='auto' or 'hvp'"
+            )
+        return "hvp"
+
+    def _forward_laplacian(self, t: Tensor, Y: Tensor, noise: Tensor | None):
+        """One jet along the horizontal basis E (first and second derivatives; with ``noise``,
+        second derivatives along the probe only) and along Y (first derivative only)."""
+        D, k = Y.shape[-2:]
+        F = horizontal_frame(Y)  # (B, D, D - k)
+        E = horizontal_basis(Y, F)  # (k(D-k), B, D, k)
+        probe = [] if noise is None else [horizontal_noise(Y, noise)[None]]
+        dirs = torch.cat([*probe, E, Y[None]])
+        out = self.potential(t, Jet.input(Y, dirs, n_lap=1 if probe else len(E)))
+        dv = out.J  # (m, B): <G, dirs>
+        # X = sum_a <G, E_a> E_a = F C with C[i, j] = <G, F_i e_j^T>
+        C = dv[len(probe) : -1].unflatten(0, (D - k, k)).movedim((0, 1), (-2, -1))
+        return F @ C, out.L - (D - k) * dv[-1]
+
+    def _hvp_laplacian(self, t: Tensor, Y: Tensor, noise: Tensor | None, create_graph: bool):
         with torch.enable_grad():
             if not Y.requires_grad:
                 Y = Y.detach().requires_grad_(True)
@@ -119,6 +176,4 @@ class GrassmannField(nn.Module):
             X = G - Y @ YtG
             div = (E * HE).sum(dim=(0, -2, -1)) if E.shape[0] > 1 else (E[0] * HE).sum((-2, -1))
             div = div - ((E.mT @ E).sum(0) * YtG.mT).sum(dim=(-2, -1))
-        if not create_graph:
-            X, div = X.detach(), div.detach()
         return X, div

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.shapes import helmert_basis
+from . import jet
 from .layers import ConcatSquash
 
 __all__ = ["GraphPotential", "PointGraph"]
@@ -78,24 +79,25 @@ class PointGraph(nn.Module):
 
     def points(self, Y: Tensor) -> Tensor:
         """``Y~ = H Y: (..., n, k)``, the points in the frame of the representative Y."""
-        return self.H.to(Y) @ Y
+        return self.H.to(dtype=Y.dtype, device=Y.device) @ Y
 
     def forward(self, t: Tensor, Y: Tensor) -> Tensor:
         """``t``: scalar or ``(...)``; ``Y: (..., n - 1, k)`` -> ``h: (..., n, hidden)``."""
-        act = nn.functional.silu
+        act = jet.silu
         n = self.n_points
         Yt = self.points(Y)
         G = n * (Yt @ Yt.mT)  # (..., n, n)
-        sq = torch.diagonal(G, dim1=-2, dim2=-1)  # (..., n)
-        edges = torch.stack([G, sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2 * G], dim=-1)
-        t = torch.as_tensor(t).to(Y)
+        sq = G.diagonal(dim1=-2, dim2=-1)  # (..., n)
+        edges = jet.stack([G, sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2 * G], dim=-1)
+        t = torch.as_tensor(t).to(dtype=Y.dtype, device=Y.device)
         t_node = t if t.dim() == 0 else t[..., None]  # broadcasts over the points (and pairs)
         t_edge = t if t.dim() == 0 else t[..., None, None]
-        labels = self.onehot.to(Y).expand(*sq.shape, -1)
-        h = act(self.embed(t_node, torch.cat([sq.unsqueeze(-1), labels], dim=-1)))
+        labels = self.onehot.to(dtype=Y.dtype, device=Y.device).expand(*sq.shape, -1)
+        h = act(self.embed(t_node, jet.cat([sq.unsqueeze(-1), labels], dim=-1)))
         for message, message_out, update in zip(self.message, self.message_out, self.update):
-            m = message_out(act(_pair_layer(message, t_edge, h, edges)).mean(dim=-2))
-            h = h + act(update(t_node, torch.cat([h, m], dim=-1)))
+            pairs = _pair_mean(message, t_edge, h, edges)
+            m = jet.linear(pairs, message_out.weight, message_out.bias)
+            h = h + act(update(t_node, jet.cat([h, m], dim=-1)))
         return h
 
 
@@ -108,13 +110,58 @@ def _pair_layer(layer: ConcatSquash, t: Tensor, h: Tensor, edges: Tensor) -> Ten
     W, b = layer.linear.weight, layer.linear.bias
     pre = ((h @ W[:, :hid].mT).unsqueeze(-2) + (h @ W[:, hid : 2 * hid].mT).unsqueeze(-3)
            + edges @ W[:, 2 * hid :].mT + b)  # fmt: skip
-    tt = t.to(h).unsqueeze(-1)
+    tt = t.to(dtype=h.dtype, device=h.device).unsqueeze(-1)
     return pre * torch.sigmoid(layer.gate(tt)) + layer.bias(tt)
+
+
+def _pair_mean(layer: ConcatSquash, t: Tensor, h: Tensor, edges: Tensor) -> Tensor:
+    """``mean_j silu(layer(t, [h_i, h_j, e_ij]))``, ``(..., n, out)``, for tensors or jets."""
+    if isinstance(h, jet.Jet) and t.dim() == 0 and h.J is not None and edges.J is not None:
+        return _pair_mean_jet(layer, t, h, edges)
+    return jet.silu(_pair_layer(layer, t, h, edges)).mean(dim=-2)
+
+
+def _pair_mean_jet(layer: ConcatSquash, t: Tensor, h: jet.Jet, e: jet.Jet) -> jet.Jet:
+    """The jet of :func:`_pair_mean` without the ``(m, ..., n, n, out)`` pair derivatives.
+
+    With ``z_ij = P_i + Q_j + R_ij`` (node, node and edge parts, gate folded in), the mean over
+    j of ``f'(z_ij) dz_ij`` and of ``f''(z_ij) sum_a (dz_ij)^2`` expand into contractions over
+    j or over the directions a (matrix products), so only O(m n out + n^2 out) is stored.
+    """
+    hid, n, m = h.v.shape[-1], h.v.shape[-2], h.n_lap
+    tt = t.to(dtype=h.dtype, device=h.device).reshape(1)
+    g = torch.sigmoid(layer.gate(tt))  # (out,)
+    W = layer.linear.weight * g[:, None]
+    A, B, C = W[:, :hid], W[:, hid : 2 * hid], W[:, 2 * hid :]
+    z = ((h.v @ A.mT).unsqueeze(-2) + (h.v @ B.mT).unsqueeze(-3) + e.v @ C.mT
+         + layer.linear.bias * g + layer.bias(tt))  # fmt: skip
+    s = torch.sigmoid(z)
+    d1 = s * (1 + z * (1 - s))  # silu'
+    d2 = s * (1 - s) * (2 + z * (1 - 2 * s))  # silu''
+    P, Q = h.J @ A.mT, h.J @ B.mT  # (M, ..., n, out)
+    eJ = e.J  # (M, ..., n, n, c)
+    ein = torch.einsum
+    J = (P * d1.mean(-2) + ein("...ijh,a...jh->a...ih", d1, Q) / n
+         + (ein("...ijh,a...ijc->a...ihc", d1, eJ) * C).sum(-1) / n)  # fmt: skip
+    Pm, Qm, eJm = P[:m], Q[:m], eJ[:m]
+    sq = (Pm.square().sum(0).unsqueeze(-2) + Qm.square().sum(0).unsqueeze(-3)
+          + ein("...cd,hc,hd->...h", ein("a...c,a...d->...cd", eJm, eJm), C, C)
+          + 2 * ein("a...ih,a...jh->...ijh", Pm, Qm)
+          + 2 * (ein("a...ih,a...ijc->...ijhc", Pm, eJm) * C).sum(-1)
+          + 2 * (ein("a...jh,a...ijc->...ijhc", Qm, eJm) * C).sum(-1))  # fmt: skip
+    L = d2 * sq
+    if h.L is not None:
+        L = L + d1 * ((h.L @ A.mT).unsqueeze(-2) + (h.L @ B.mT).unsqueeze(-3))
+    if e.L is not None:
+        L = L + d1 * (e.L @ C.mT)
+    return jet.Jet((z * s).mean(-2), J, L.mean(-2), h.n_lap)
 
 
 class GraphPotential(nn.Module):
     """The potential ``v(t, Y)``: :class:`PointGraph` features, mean over the points, and a
     time-conditioned readout. Arguments as :class:`PointGraph`."""
+
+    supports_jet = True  # forward() is written with jet-aware ops
 
     def __init__(self, *args, **kwargs):
         super().__init__()
@@ -125,5 +172,6 @@ class GraphPotential(nn.Module):
     def forward(self, t: Tensor, Y: Tensor) -> Tensor:
         """``t``: scalar or ``(...)``; ``Y: (..., n - 1, k)`` -> ``(...)``."""
         pooled = self.graph(t, Y).mean(dim=-2)
-        t = torch.as_tensor(t).to(Y)
-        return self.out(nn.functional.silu(self.readout(t, pooled))).squeeze(-1)
+        t = torch.as_tensor(t).to(dtype=Y.dtype, device=Y.device)
+        out = jet.linear(jet.silu(self.readout(t, pooled)), self.out.weight, self.out.bias)
+        return out.squeeze(-1)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from . import jet
+
 __all__ = ["ConcatSquash", "HorP", "check_representative", "fc_trunk", "scale_init_"]
 
 
@@ -24,7 +26,8 @@ class HorP(nn.Module):
         self.weight = nn.Parameter(torch.randn(D, width))
 
     def forward(self, Y: Tensor) -> Tensor:
-        """``Y: (..., D, k)`` -> ``(..., D, width)``."""
+        """``Y: (..., D, k)`` (a tensor or a :class:`~grassflow.nn.jet.Jet`) ->
+        ``(..., D, width)``."""
         W = self.weight
         return W - Y @ (Y.mT @ W)
 
@@ -44,9 +47,11 @@ class ConcatSquash(nn.Module):
         self.bias = nn.Linear(1, out_features, bias=False)
 
     def forward(self, t: Tensor, x: Tensor) -> Tensor:
-        """``t``: scalar or per-sample ``(...)`` times; ``x: (..., in)`` -> ``(..., out)``."""
-        tt = t.to(x).unsqueeze(-1)
-        return self.linear(x) * torch.sigmoid(self.gate(tt)) + self.bias(tt)
+        """``t``: scalar or per-sample ``(...)`` times; ``x: (..., in)`` (a tensor or a
+        :class:`~grassflow.nn.jet.Jet`) -> ``(..., out)``."""
+        tt = t.to(dtype=x.dtype, device=x.device).unsqueeze(-1)
+        x = jet.linear(x, self.linear.weight, self.linear.bias)  # x may be a Jet
+        return x * torch.sigmoid(self.gate(tt)) + self.bias(tt)
 
 
 def scale_init_(module: nn.Module, gain: float) -> nn.Module:

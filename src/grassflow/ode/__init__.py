@@ -6,7 +6,13 @@ Kronecker-product chart solver (a slow reference).
 """
 
 from .ambient import polar_newton_schulz
-from .divergence import divergence_exact, divergence_hutchinson, horizontal_basis, horizontal_noise
+from .divergence import (
+    divergence_exact,
+    divergence_hutchinson,
+    horizontal_basis,
+    horizontal_frame,
+    horizontal_noise,
+)
 from .kronecker import inv_retr_jacobian
 from .rkmk import cayley_lowrank
 from .solve import METHODS, odeint_grassmann
@@ -17,6 +23,7 @@ __all__ = [
     "divergence_exact",
     "divergence_hutchinson",
     "horizontal_basis",
+    "horizontal_frame",
     "horizontal_noise",
     "inv_retr_jacobian",
     "odeint_grassmann",

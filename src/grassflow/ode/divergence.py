@@ -18,22 +18,32 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["divergence_exact", "divergence_hutchinson", "horizontal_basis", "horizontal_noise"]
+__all__ = [
+    "divergence_exact", "divergence_hutchinson", "horizontal_basis", "horizontal_frame",
+    "horizontal_noise",
+]  # fmt: skip
 
 Field = Callable[[Tensor], Tensor]
 
 
-def horizontal_basis(Y: Tensor) -> Tensor:
-    """Orthonormal basis of the horizontal space at ``Y: (..., D, k)``: ``(k(D-k), ..., D, k)``."""
-    D, k = Y.shape[-2:]
+def horizontal_frame(Y: Tensor) -> Tensor:
+    """Orthonormal complement of ``Y: (..., D, k)``, ``(..., D, D - k)``: detached, then
+    projected with the tracked ``I - Y Y^T``."""
+    k = Y.shape[-1]
     with torch.no_grad():
-        Q = torch.linalg.qr(Y.detach(), mode="complete")[0][..., k:]  # (..., D, D-k)
+        Q = torch.linalg.qr(Y.detach(), mode="complete")[0][..., k:]
+    return Q - Y @ (Y.mT @ Q)
+
+
+def horizontal_basis(Y: Tensor, frame: Tensor | None = None) -> Tensor:
+    """Orthonormal basis of the horizontal space at ``Y: (..., D, k)``: ``(k(D-k), ..., D, k)``,
+    ``E[i k + j] = F[..., :, i] e_j^T`` for the frame F (default :func:`horizontal_frame`)."""
+    D, k = Y.shape[-2:]
+    F = horizontal_frame(Y) if frame is None else frame
     eye = torch.eye(k, dtype=Y.dtype, device=Y.device)
-    # E[(i, j)] = Q[..., :, i] e_j^T
     batch = (1,) * (Y.dim() - 2)
-    E = Q.movedim(-1, 0)[:, None, ..., None] * eye.view(1, k, *batch, 1, k)  # (D-k, k, ..., D, k)
-    E = E.reshape((D - k) * k, *Y.shape)
-    return E - Y @ (Y.mT @ E)
+    E = F.movedim(-1, 0)[:, None, ..., None] * eye.view(1, k, *batch, 1, k)  # (D-k, k, ..., D, k)
+    return E.reshape((D - k) * k, *Y.shape)
 
 
 def horizontal_noise(Y: Tensor, noise: Tensor) -> Tensor:
