@@ -1,16 +1,28 @@
-"""Benchmark suite (issue 6): the fast Cayley-RKMK path against the paper's Kronecker baseline
-and ambient projection, measured in one run on this machine.
+"""Benchmark suite (issues 6 and 15): the forward-Laplacian fast path against today's
+Hessian-vector-product path and the paper's Kronecker baseline, measured in one run.
 
 Run: ``PYTHONPATH=src python benchmarks/suite.py [--quick] [--out results/benchmarks]``.
 
-For each case Gr(k, D) and path (``fast`` = ``cayley_rkmk``, ``kronecker``, ``ambient``, and
-``fast_f32`` = ``cayley_rkmk`` in float32) it measures, with a fixed untrained potential
-(hidden (32, 32, 32), weights scaled by ``--gain``) and the exact divergence:
+Paths (all with the same DOPRI5 controller and tolerances):
 
-* ``train``: seconds per MLE iteration (forward + backward of ``-log_prob(Y).mean()`` on a batch
-  of 100 in ``train()`` mode), the forward solve's NFE and peak memory;
-* ``train_hutch``: the same with the Hutchinson divergence (one probe), the usual CNF training
-  estimator; here the network costs ~2 passes per stage, so the solver's own cost shows;
+* ``forward``: the low-rank Cayley RKMK solver with the divergence from one forward pass of a
+  :class:`~grassflow.nn.jet.Jet` (``GrassmannField(laplacian="forward")``), float64;
+* ``hvp``: the same solver with k(D - k) Hessian-vector products by double backward (the fast
+  path before issue 15), float64;
+* ``kronecker``: the paper-faithful baseline: DOPRI5 in re-centred Cayley charts with explicit
+  Dk x Dk Kronecker Jacobians (``method="kronecker"``) and the divergence as the paper's
+  RCNF-based implementation takes it, one ``torch.autograd.grad`` per ambient coordinate of
+  the field (``laplacian="loop"``), float64;
+* ``forward_f32``: ``forward`` in float32.
+
+Each case Gr(k, D) has a potential: the paper's MLP (hidden (32, 32, 32), weights scaled by
+``--gain``) or, for the ``graph`` cases, :class:`~grassflow.nn.graph.GraphPotential` (width 32,
+two layers) on clouds of D + 1 points. Tasks, all with an untrained potential:
+
+* ``train``: seconds per MLE iteration with the exact divergence (forward + backward of
+  ``-log_prob(Y).mean()`` on a batch of 100 in ``train()`` mode), the forward solve's NFE and
+  peak memory;
+* ``train_hutch``: the same with the Hutchinson divergence (one probe);
 * ``ll``: seconds for the exact log-likelihood of 1,000 points (``eval()``, no grad, batches of
   100), the mean NFE per batch and peak memory;
 * ``agree``: log p of the same few points (one batch) from every path at the same tolerances.
@@ -46,13 +58,14 @@ import torch
 
 from grassflow.flows import GrCNF
 from grassflow.manifolds import Grassmann
-from grassflow.nn import GrassmannField, Potential, scale_init_
+from grassflow.nn import GrassmannField, GraphPotential, Potential, scale_init_
 
+# name: (solver, dtype, divergence path of GrassmannField)
 PATHS = {
-    "fast": ("cayley_rkmk", torch.float64),
-    "kronecker": ("kronecker", torch.float64),
-    "ambient": ("ambient", torch.float64),
-    "fast_f32": ("cayley_rkmk", torch.float32),
+    "forward": ("cayley_rkmk", torch.float64, "forward"),
+    "hvp": ("cayley_rkmk", torch.float64, "hvp"),
+    "kronecker": ("kronecker", torch.float64, "loop"),
+    "forward_f32": ("cayley_rkmk", torch.float32, "forward"),
 }
 TASKS = ("train", "train_hutch", "ll", "agree")
 
@@ -82,15 +95,24 @@ QUICK = Settings(batch=10, n_points=20, ll_batch=20, n_agree=4, repeats=1, warmu
 
 
 def cases(quick: bool) -> list[tuple[str, int, int, str]]:
-    """``(name, k, D, series)``: the paper's manifolds, then the scaling series."""
+    """``(name, k, D, series)``: the paper's manifolds, the graph potential's (series
+    ``"graph"``), then the scaling series."""
     named = [(1, 3), (2, 4)] if quick else [(1, 3), (2, 4), (3, 13), (3, 19)]
+    graph = [(2, 4)] if quick else [(3, 12), (3, 18)]
     grid = (
         [(1, 6), (1, 12), (2, 12)]
         if quick
-        else [(k, D) for D in (8, 16, 32, 64, 128) for k in (1, 3, 8) if k < D]
+        else [(k, D) for D in (8, 16, 32, 64) for k in (1, 3, 8) if k < D]
     )
     out = [(f"Gr({k},{D})", k, D, "named") for k, D in named]
+    out += [(f"graph Gr({k},{D})", k, D, "graph") for k, D in graph]
     return out + [(f"Gr({k},{D})", k, D, "scaling") for k, D in grid if (k, D) not in named]
+
+
+def potential(k: int, D: int, series: str, s: Settings) -> torch.nn.Module:
+    if series == "graph":
+        return GraphPotential(D + 1, k, 32, 2)
+    return scale_init_(Potential(D, k, s.hidden), s.gain)
 
 
 # ------------------------------------------------------------------------------- worker
@@ -121,13 +143,13 @@ def _prime(model: GrCNF, Y: torch.Tensor, backward: bool) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def run_task(task: str, k: int, D: int, path: str, s: Settings) -> dict:
+def run_task(task: str, k: int, D: int, series: str, path: str, s: Settings) -> dict:
     """One measurement in the current process (see the module docstring)."""
     torch.set_num_threads(s.threads)
-    method, dtype = PATHS[path]
+    method, dtype, laplacian = PATHS[path]
     torch.manual_seed(0)  # the same field and points in every worker
     gr = Grassmann(k, D)
-    field = scale_init_(GrassmannField(Potential(D, k, s.hidden)), s.gain)
+    field = GrassmannField(potential(k, D, series, s), laplacian)
     model = GrCNF(gr, field, method=method, atol=s.atol, rtol=s.rtol).to(dtype)
     gen = torch.Generator().manual_seed(1)
     n = {"train": s.batch, "train_hutch": s.batch, "ll": s.n_points, "agree": s.n_agree}[task]
@@ -169,7 +191,7 @@ def _worker(conn, job: dict, s: Settings) -> None:
         vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     resource.setrlimit(resource.RLIMIT_AS, (vm + int(s.mem_gb * 2**30), hard))
     try:
-        conn.send(run_task(job["task"], job["k"], job["D"], job["path"], s))
+        conn.send(run_task(job["task"], job["k"], job["D"], job["series"], job["path"], s))
     except (MemoryError, RuntimeError) as err:
         msg = str(err)
         oom = isinstance(err, MemoryError) or "alloc" in msg.lower()
@@ -214,43 +236,50 @@ def _max_gap(values: list) -> float | None:
 def agreement(res: dict, case: str) -> tuple[float | None, float | None, float | None]:
     """Max |log p| disagreement between float64 paths at ``agree_tol`` and at the benchmark
     tolerance, and between float32 and float64 fast at the benchmark tolerance."""
-    f64 = [p for p in PATHS if p != "fast_f32"]
+    f64 = [p for p in PATHS if p != "forward_f32"]
     return (
         _max_gap([_get(res, case, p, "agree", "log_p_tight") for p in f64]),
         _max_gap([_get(res, case, p, "agree", "log_p") for p in f64]),
-        _max_gap([_get(res, case, p, "agree", "log_p") for p in ("fast", "fast_f32")]),
+        _max_gap([_get(res, case, p, "agree", "log_p") for p in ("forward", "forward_f32")]),
     )
+
+
+def _ratio(res: dict, case: str, path: str, task: str, ref: str):
+    t, r = (_get(res, case, p, task, "seconds") for p in (path, ref))
+    return r / t if t and r else None
 
 
 def table(res: dict) -> str:
     lines = [
-        "| case | path | train s/iter | × vs kron | NFE | train peak MB | Hutchinson train s/iter "
-        "| × vs kron | log-lik s | × vs kron | ll peak MB | max abs Δ log p: tight, bench tol "
-        "| f32 vs f64 abs Δ log p |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | path | train s/iter | × vs kron | × vs hvp | NFE | train peak MB "
+        "| Hutchinson train s/iter | × vs kron | log-lik s | × vs kron | × vs hvp | ll peak MB "
+        "| max abs Δ log p: tight, bench tol | f32 vs f64 abs Δ log p |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for case in sorted(res["cases"], key=lambda c: res["cases"][c]["series"] != "named"):
+    order = {"named": 0, "graph": 1, "scaling": 2}
+    for case in sorted(res["cases"], key=lambda c: order[res["cases"][c]["series"]]):
         tight, loose, f32 = agreement(res, case)
         for path in PATHS:
             timed = ("train", "train_hutch", "ll")
             tr, th, ll = (_get(res, case, path, t, "seconds") for t in timed)
-            ktr, kth, kll = (_get(res, case, "kronecker", t, "seconds") for t in timed)
             skip = [_get(res, case, path, t, "skipped") for t in timed]
             note = "; ".join(f"{t}: {r}" for t, r in zip(timed, skip) if r)
             cells = [
                 case,
                 path + (f" ({note})" if note else ""),
                 _fmt(tr, ".3g"),
-                _fmt(ktr / tr if tr and ktr else None, ".1f"),
+                _fmt(_ratio(res, case, path, "train", "kronecker"), ".1f"),
+                _fmt(_ratio(res, case, path, "train", "hvp"), ".1f"),
                 _fmt(_get(res, case, path, "train", "nfe"), ".0f"),
                 _fmt(_get(res, case, path, "train", "peak_mb"), ".0f"),
                 _fmt(th, ".3g"),
-                _fmt(kth / th if th and kth else None, ".1f"),
+                _fmt(_ratio(res, case, path, "train_hutch", "kronecker"), ".1f"),
                 _fmt(ll, ".3g"),
-                _fmt(kll / ll if ll and kll else None, ".1f"),
+                _fmt(_ratio(res, case, path, "ll", "kronecker"), ".1f"),
+                _fmt(_ratio(res, case, path, "ll", "hvp"), ".1f"),
                 _fmt(_get(res, case, path, "ll", "peak_mb"), ".0f"),
-                f"{_fmt(tight, '.1e')}, {_fmt(loose, '.1e')}" if path == "fast" else "",
-                _fmt(f32, ".1e") if path == "fast_f32" else "",
+                f"{_fmt(tight, '.1e')}, {_fmt(loose, '.1e')}" if path == "forward" else "",
+                _fmt(f32, ".1e") if path == "forward_f32" else "",
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -286,11 +315,11 @@ def plot(res: dict, path_png: Path) -> None:
 
     fig = Figure(figsize=(10, 4), layout="constrained")
     axes = fig.subplots(1, 2)
-    colors = {"fast": "C0", "kronecker": "C3", "ambient": "C2", "fast_f32": "C1"}
+    colors = {"forward": "C0", "hvp": "C2", "kronecker": "C3", "forward_f32": "C1"}
     styles = ["-", "--", ":", "-."]
     ks = sorted({e["k"] for e in res["cases"].values() if e["series"] == "scaling"})
     for ax, task, title in zip(
-        axes, ("train_hutch", "ll"), ("training iteration (Hutchinson)", "log-likelihood")
+        axes, ("train", "ll"), ("training iteration (exact divergence)", "log-likelihood")
     ):
         for path in PATHS:
             for i, k in enumerate(ks):
@@ -347,7 +376,8 @@ def main(argv: list[str] | None = None) -> None:
                 if path == "kronecker" and D * k > cap:
                     out = {"skipped": f"D*k={D * k} > {cap}"}
                 else:
-                    out = run_isolated({"task": task, "k": k, "D": D, "path": path}, s)
+                    job = {"task": task, "k": k, "D": D, "series": series, "path": path}
+                    out = run_isolated(job, s)
                 entry[path][task] = out
                 json_path.write_text(json.dumps(res, indent=1))
                 shown = {k_: v for k_, v in out.items() if k_ != "log_p"}

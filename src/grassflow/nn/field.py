@@ -14,7 +14,7 @@ from .layers import ConcatSquash, HorP
 
 __all__ = ["LAPLACIANS", "PRESETS", "GrassmannField", "Potential"]
 
-LAPLACIANS = ("auto", "forward", "hvp")
+LAPLACIANS = ("auto", "forward", "hvp", "loop")
 
 # hidden widths of the ConcatSquash stack (the final width-1 layer is implicit), paper Tables 3-4
 PRESETS: dict[str, tuple[int, ...]] = {
@@ -78,7 +78,9 @@ class GrassmannField(nn.Module):
             With ``supports_jet = True`` it also maps a :class:`~grassflow.nn.jet.Jet` of Y
             to the jet of v, and the divergence takes the forward-Laplacian path.
         laplacian: ``"auto"`` (forward Laplacian where supported, default), ``"forward"``
-            (required) or ``"hvp"`` (Hessian-vector products by double backward).
+            (required), ``"hvp"`` (Hessian-vector products by double backward) or ``"loop"``
+            (one ``torch.autograd.grad`` per ambient coordinate of the field, as the paper's
+            RCNF-based implementation; the benchmarks' baseline).
     """
 
     def __init__(self, potential: nn.Module, laplacian: str = "auto"):
@@ -109,8 +111,9 @@ class GrassmannField(nn.Module):
         For ``X = (I - Y Y^T) G`` with ``G = dv/dY`` and horizontal E,
         ``<E, DX[E]> = <E, H[E]> - tr(E^T E Y^T G)`` (H the Euclidean Hessian), so
         ``div X = tr_h(H) - (D - k) tr(Y^T G)``. Two paths compute it (:attr:`laplacian`):
-        one forward pass of a :class:`~grassflow.nn.jet.Jet` (``"forward"``), or
-        Hessian-vector products by double backward (``"hvp"``). :attr:`last_path` says which
+        one forward pass of a :class:`~grassflow.nn.jet.Jet` (``"forward"``),
+        Hessian-vector products by double backward (``"hvp"``), or the Jacobian of X row by
+        row (``"loop"``; with ``noise`` it runs as ``"hvp"``). :attr:`last_path` says which
         ran.
 
         Args:
@@ -128,6 +131,8 @@ class GrassmannField(nn.Module):
         if path == "forward":
             with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
                 X, div = self._forward_laplacian(t, Y, noise)
+        elif path == "loop" and noise is None:
+            X, div = self._loop_divergence(t, Y, create_graph)
         else:
             X, div = self._hvp_laplacian(t, Y, noise, create_graph)
         if not create_graph:
@@ -137,8 +142,8 @@ class GrassmannField(nn.Module):
     def path(self) -> str:
         """The divergence path :meth:`field_and_divergence` takes: ``"forward"`` where the
         potential supports jets (``supports_jet``) and :attr:`laplacian` allows, else ``"hvp"``."""
-        if self.laplacian == "hvp":
-            return "hvp"
+        if self.laplacian in ("hvp", "loop"):
+            return self.laplacian
         if getattr(self.potential, "supports_jet", False):
             return "forward"
         if self.laplacian == "forward":
@@ -162,6 +167,22 @@ class GrassmannField(nn.Module):
         C = dv[len(probe) : -1].unflatten(0, (D - k, k)).movedim((0, 1), (-2, -1))
         return F @ C, out.L - (D - k) * dv[-1]
 
+    def _loop_divergence(self, t: Tensor, Y: Tensor, create_graph: bool):
+        """``div X = sum_ij [(I - Y Y^T) d X_ij / dY]_ij``: one backward per coordinate."""
+        with torch.enable_grad():
+            if not Y.requires_grad:
+                Y = Y.detach().requires_grad_(True)
+            G = torch.autograd.grad(self.potential(t, Y).sum(), Y, create_graph=True)[0]
+            X = G - Y @ (Y.mT @ G)
+            div = Y.new_zeros(Y.shape[:-2])
+            for i in range(Y.shape[-2]):
+                for j in range(Y.shape[-1]):
+                    row = torch.autograd.grad(
+                        X[..., i, j].sum(), Y, retain_graph=True, create_graph=create_graph
+                    )[0]
+                    div = div + (row - Y @ (Y.mT @ row))[..., i, j]
+        return X, div
+
     def _hvp_laplacian(self, t: Tensor, Y: Tensor, noise: Tensor | None, create_graph: bool):
         with torch.enable_grad():
             if not Y.requires_grad:
@@ -169,7 +190,10 @@ class GrassmannField(nn.Module):
             G = torch.autograd.grad(self.potential(t, Y).sum(), Y, create_graph=True)[0]
             E = horizontal_basis(Y) if noise is None else horizontal_noise(Y, noise)[None]
             HE = torch.autograd.grad(
-                G, Y, E if E.shape[0] > 1 else E[0], create_graph=create_graph,
+                G,
+                Y,
+                E if E.shape[0] > 1 else E[0],
+                create_graph=create_graph,
                 is_grads_batched=E.shape[0] > 1,
             )[0]
             YtG = Y.mT @ G
