@@ -16,7 +16,7 @@ import time
 import torch
 
 from grassflow.manifolds import Grassmann
-from grassflow.nn import GrassmannField, GraphPotential, Potential
+from grassflow.nn import GraphPotential, GrassmannField, Potential
 
 
 def _median(fn, n: int) -> float:
@@ -44,11 +44,11 @@ def main() -> None:
         row = [f"{name}: compile {compile_s:.1f} s"]
         for label, fn in (("eager", field._forward_laplacian), ("compiled", compiled)):
 
-            def no_grad(fn=fn):
+            def no_grad(fn=fn, t=t, Y=Y):
                 with torch.no_grad():
                     fn(t, Y, None)
 
-            def backward(fn=fn):
+            def backward(fn=fn, t=t, Y=Y):
                 X, div = fn(t, Y.clone().requires_grad_(), None)
                 (X.square().sum() + div.sum()).backward()
 

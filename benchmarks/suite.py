@@ -58,7 +58,7 @@ import torch
 
 from grassflow.flows import GrCNF
 from grassflow.manifolds import Grassmann
-from grassflow.nn import GrassmannField, GraphPotential, Potential, scale_init_
+from grassflow.nn import GraphPotential, GrassmannField, Potential, scale_init_
 
 # name: (solver, dtype, divergence path of GrassmannField)
 PATHS = {

@@ -37,6 +37,35 @@ def _sym(A: Tensor) -> Tensor:
     return 0.5 * (A + A.mT)
 
 
+def _cayley_divided_differences(c: Tensor, e: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
+    """Divided differences of the Cayley preimage factors ``h_i = 2 e_i / d_i``, ``d_i = 1 + e_i c_i``.
+
+    ``delta_ij = (h_i - h_j) / (c_i - c_j)``, ``h'(c_i) = -2 / d_i^2`` on the diagonal, and
+    ``sigma_ij = (h_i + h_j) / (c_i + c_j)``, in closed form (no cancellation):
+    ``delta = 2 ((e_i - e_j) / (c_i - c_j) - e_i e_j) / (d_i d_j)``,
+    ``sigma = 2 ((e_i + e_j) / (c_i + c_j) + e_i e_j) / (d_i d_j)``. The first quotients are 0 for
+    branches that make them regular and infinite only on the singular set, where their
+    denominators are kept at least eps away from 0.
+
+    Args:
+        c: ``(..., k)`` cosines; e: ``(2^r, ..., k)`` branch signs +-1; d: ``(2^r, ..., k)``.
+
+    Returns:
+        delta, sigma ``(2^r, ..., k, k)``.
+    """
+    tiny = torch.finfo(c.dtype).eps
+
+    def away_from_zero(x: Tensor) -> Tensor:
+        return torch.copysign(x.abs().clamp_min(tiny), x)
+
+    ci, cj = c.unsqueeze(-1), c.unsqueeze(-2)
+    ei, ej = e.unsqueeze(-1), e.unsqueeze(-2)
+    dd = d.unsqueeze(-1) * d.unsqueeze(-2)
+    delta = 2.0 * ((ei - ej) / away_from_zero(ci - cj) - ei * ej) / dd
+    sigma = 2.0 * ((ei + ej) / away_from_zero(ci + cj) + ei * ej) / dd
+    return delta, sigma
+
+
 class Grassmann(nn.Module):
     """Gr(k, D): k-dimensional linear subspaces of R^D.
 
@@ -194,30 +223,62 @@ class Grassmann(nn.Module):
         2k > D (the subspaces intersect) only have the first option, so there are 2^r preimages,
         ``r = min(k, D - k)``. Index 0 is the principal one (all ``s_i >= 0``).
 
+        Gradients. With ``C = Y^T X = A diag(c) B^T`` (c = cos theta) each preimage is
+        ``xi = (I - Y Y^T) X G(C)``, ``G = B diag(h(c)) A^T``, ``h = 2 / (1 + c)`` on the first
+        branch and ``-2 / (1 - c)`` on the second. G is smooth in C even where singular values
+        repeat (the 2k - D forced zero angles, or [X] = [Y]), but autograd through the SVD divides
+        by ``c_i - c_j = 0`` there and returns NaN. So the SVD runs without autograd and G gets
+        its closed-form derivative: with ``P = A^T dC B``,
+        ``B^T dG A = delta o sym(P) - sigma o skew(P)``, ``delta_ij = (h_i - h_j) / (c_i - c_j)``
+        (``h'(c_i)`` on the diagonal) and ``sigma_ij = (h_i + h_j) / (c_i + c_j)``, both rational
+        in c (:func:`_cayley_divided_differences`); s gets ``dc_i = P_ii``, which is exact for
+        functions of s^2 (the Jacobian). Only on the prior's singular set (equal c on different
+        branches, or two angles of pi/2) is a divided difference infinite; there it is capped
+        and the gradient is large but finite. Second derivatives are not provided.
+
         Returns:
             xi ``(2^r, ..., D, k)``, representative-independent; s ``(2^r, ..., k)`` the signed
             singular values; valid ``(2^r, ...)``, False where a second-branch angle is so small
             (``sin(theta/2) < 1e4 eps``) that its preimage lies at numerical infinity. Such
             entries are finite but meaningless; their density contribution is zero.
         """
-        theta, W, A = self.principal_decomposition(Y, X)
         r = min(self.k, self.D - self.k)
         thr = 1e4 * torch.finfo(Y.dtype).eps
-        half = 0.5 * theta
-        sin_h = torch.sin(half)
-        sin_hc = sin_h.clamp_min(thr)
-        # s / sin(theta) for both branches, written to stay finite
-        plus, minus = 1.0 / torch.cos(half).square(), -1.0 / sin_hc.square()
-        s_plus, s_minus = 2.0 * torch.tan(half), -2.0 * torch.cos(half) / sin_hc
-        flips = torch.tensor(
-            [[False] * (self.k - r) + [bool(m >> i & 1) for i in range(r)] for m in range(2**r)],
-            device=Y.device,
-        ).reshape((2**r,) + (1,) * (theta.dim() - 1) + (self.k,))
-        scale = torch.where(flips, minus, plus)
-        s = torch.where(flips, s_minus, s_plus)
-        valid = ~(flips & (sin_h < thr)).any(-1)
-        xi = (W.unsqueeze(0) * scale.unsqueeze(-2)) @ A.mT.unsqueeze(0)
-        return xi, s, valid
+        C = Y.mT @ X
+        X_perp = X - Y @ C
+        with torch.no_grad():  # values only; the gradient is attached below
+            A, c, Bh = torch.linalg.svd(C)
+            W = self.proju(Y, X @ Bh.mT)  # as principal_decomposition
+            theta = torch.atan2(W.norm(dim=-2), c.clamp(0.0, 1.0))
+            half = 0.5 * theta
+            sin_h = torch.sin(half)
+            sin_hc = sin_h.clamp_min(thr)
+            # h = s / sin(theta) for both branches, written to stay finite
+            plus, minus = 1.0 / torch.cos(half).square(), -1.0 / sin_hc.square()
+            s_plus, s_minus = 2.0 * torch.tan(half), -2.0 * torch.cos(half) / sin_hc
+            flips = torch.tensor(
+                [[False] * (self.k - r) + [bool(m >> i & 1) for i in range(r)] for m in range(2**r)],
+                device=Y.device,
+            ).reshape((2**r,) + (1,) * (theta.dim() - 1) + (self.k,))
+            h = torch.where(flips, minus, plus)
+            s = torch.where(flips, s_minus, s_plus)
+            valid = ~(flips & (sin_h < thr)).any(-1)
+            G = (Bh.mT * h.unsqueeze(-2)) @ A.mT  # (2^r, ..., k, k)
+        if torch.is_grad_enabled() and (Y.requires_grad or X.requires_grad):
+            # e = +-1 per branch, d = 1 + e c (= 2 sin^2(theta/2) on the second branch, clamped
+            # as sin_hc is), so that h = 2 e / d
+            e = torch.where(flips, -1.0, 1.0).to(c)
+            d = (1.0 + e * c).clamp_min(2.0 * thr**2)
+            delta, sigma = _cayley_divided_differences(c, e, d)
+            P = A.mT @ C @ Bh.mT  # diag(c) in value; carries A^T dC B
+            sym, skew = 0.5 * (P + P.mT), 0.5 * (P - P.mT)
+            dG = Bh.mT @ (delta * sym - sigma * skew) @ A.mT
+            G = G + (dG - dG.detach())
+            # ds/dc = 2 (d mu / dc) / s with mu = s^2 / 4 = 2 / d - 1; exact for functions of s^2
+            ds_dc = torch.where(s == 0, 0.0, -4.0 * e / (d.square() * torch.where(s == 0, 1.0, s)))
+            dc = torch.diagonal(P, dim1=-2, dim2=-1)
+            s = s + ds_dc * (dc - dc.detach())
+        return X_perp @ G, s, valid
 
     @staticmethod
     def cayley_log_jacobian(sigma: Tensor, D: int) -> Tensor:
