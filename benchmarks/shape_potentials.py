@@ -10,6 +10,12 @@ trains further) and re-evaluates.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/shape_potentials.py \
         --out results/shape_potentials --minutes 3      # ~25 min on one core
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/shape_potentials.py --systems qm9 \
+        --minutes 5 --runs runs/shape_potentials_qm9    # then --minutes 20: continues the runs
+
+Results accumulate in ``shape_potentials.json``, one row per system, potential and budget.
+The NFE columns are the validation solve's (its last chunk) at the first and last validation,
+which shows how much harder the learned flow is to integrate as training goes on.
 """
 
 from __future__ import annotations
@@ -70,15 +76,17 @@ def run(system: str, potential: str, args, data: dict) -> dict:
     with torch.no_grad():
         lp = torch.cat([model.flow.log_prob(c) for c in test.split(model.chunk_size)])
     last = load_checkpoint(run_dir / "last.pt")
-    curve = [(r["elapsed"] / 60, r["val_nll"]) for r in read_metrics(run_dir / "metrics.jsonl")
-             if "val_nll" in r]  # fmt: skip
+    curve = [(r["elapsed"] / 60, r["val_nll"], r.get("val_nfe"))
+             for r in read_metrics(run_dir / "metrics.jsonl") if "val_nll" in r]  # fmt: skip
     return {
         "system": system, "potential": potential, "manifold": f"Gr({d},{n - 1})",
         "test_nll_grassmann": -lp.mean().item(), "test_nll_sem": (lp.std() / len(lp) ** 0.5).item(),
         "n_test": len(test), "uniform_nll": model.manifold.log_volume(),
         "nfe_test": model.flow.last_stats["nfe"], "iterations": int(last["iteration"]),
         "trained_minutes": last["elapsed"] / 60, "best_iteration": best["iteration"],
-        "val_curve": curve,
+        "minutes": args.minutes, "val_curve": curve,
+        "nfe_val_first": curve[0][2] if curve else None,
+        "nfe_val_last": curve[-1][2] if curve else None,
     }  # fmt: skip
 
 
@@ -96,21 +104,27 @@ def main(argv=None) -> None:
     torch.set_default_dtype(torch.float64)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    path = out / "shape_potentials.json"
+    rows = json.loads(path.read_text()) if path.exists() else {}
+    if isinstance(rows, list):  # the first version's format, one budget per system
+        rows = {f"{r['system']}-{r['potential']}-{r.get('minutes', 3.0):g}": r for r in rows}
     for system in args.systems:
         data = clouds(system)
         for potential in args.potentials:
             row = run(system, potential, args, data)
-            rows.append(row)
+            rows[f"{system}-{potential}-{args.minutes:g}"] = row
             print(json.dumps({k: v for k, v in row.items() if k != "val_curve"}), flush=True)
-            (out / "shape_potentials.json").write_text(json.dumps(rows, indent=1))
-    lines = ["| system | manifold | potential | minutes | iterations | Grassmann test NLL | "
-             "uniform | NFE (test) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in rows:
+            path.write_text(json.dumps(rows, indent=1))
+    lines = ["| system | manifold | potential | budget (min) | trained (min) | iterations | "
+             "Grassmann test NLL | uniform | NFE: first val, last val, test |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in sorted(rows.values(), key=lambda r: (r["system"], r["potential"], r["minutes"])):
+        nfe = f"{r.get('nfe_val_first', '–')}, {r.get('nfe_val_last', '–')}, {r['nfe_test']}"
         lines.append(f"| {r['system'].upper()} | {r['manifold']} | {r['potential']} | "
-                     f"{r['trained_minutes']:.1f} | {r['iterations']:,} | "
+                     f"{r.get('minutes', 3.0):g} | {r['trained_minutes']:.1f} | "
+                     f"{r['iterations']:,} | "
                      f"{r['test_nll_grassmann']:.3f} ± {r['test_nll_sem']:.3f} | "
-                     f"{r['uniform_nll']:.3f} | {r['nfe_test']} |")  # fmt: skip
+                     f"{r['uniform_nll']:.3f} | {nfe} |")  # fmt: skip
     (out / "shape_potentials.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

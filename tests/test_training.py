@@ -135,6 +135,11 @@ def test_loss_decreases_and_best_val_is_kept(tmp_path):
     assert all(r["nfe"] in (6, 7, 8) for r in records)
     vals = {r["iteration"]: r["val_nll"] for r in records if "val_nll" in r}
     assert sorted(vals) == [20, 40, 60, 80, 100, 120]
+    # the validation solve's NFE is logged with it (a key lost or taken from training breaks)
+    # (Watson's NFE counts its calls: the two validation chunks follow the training step)
+    val_records = [r for r in records if "val_nll" in r]
+    assert val_records[-1]["val_nfe"] == model.last_stats["nfe"]
+    assert all(r["val_nfe"] == 6 + (r["nfe"] - 6 + 2) % 3 for r in val_records)
     best = load_checkpoint(tmp_path / "best.pt")
     assert result.best_val == min(vals.values()) == best["val_nll"]
     assert vals[best["iteration"]] == best["val_nll"] == result.best_val

@@ -245,6 +245,8 @@ def train(
                 record = make_record(done, loss_value, stats, lr, grad_norm, elapsed())
                 if val_due:
                     record["val_nll"] = validate(done)
+                    # how hard the flow is to integrate: NFE of the last validation chunk
+                    record["val_nfe"] = getattr(model, "last_stats", {}).get("nfe")
                 if metrics is not None:
                     metrics.append(record)
                 if callback is not None:
