@@ -50,10 +50,9 @@ def clouds(system: str) -> dict[str, torch.Tensor]:
     root = shared_data_dir() / "alt_klein2023_from_DEM"
     load = lambda f: torch.tensor(np.load(root / f), dtype=torch.float64).reshape(-1, n, d)  # noqa: E731
     train_x, test_x = load(train_f), load(test_f)
-    if val_f is None:  # LJ13: the E-NF/Klein protocol trains on the first 1,000 of this file
-        val_x = train_x[1000:2000]
-    else:
-        val_x = load(val_f)
+    # LJ13 (E-NF/Klein protocol): train on the first 1,000 of the val file, select on test
+    # configurations 1,000-2,000, test on the first 1,000
+    val_x = test_x[1000:2000] if val_f is None else load(val_f)
     return {"train": train_x[:1000], "val": val_x[:1000], "test": test_x[:1000]}
 
 
