@@ -234,7 +234,7 @@ def aligned(D, k, theta):
     Y = torch.zeros(*theta.shape[:-1], D, k)
     i = torch.arange(k)
     Y[..., i, i] = torch.cos(theta)
-    Y[..., k + i[: r], i[k - r :]] = torch.sin(theta[..., k - r :])
+    Y[..., k + i[:r], i[k - r :]] = torch.sin(theta[..., k - r :])
     return Y
 
 

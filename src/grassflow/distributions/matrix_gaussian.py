@@ -64,6 +64,13 @@ class MatrixGaussianPrior(Distribution):
     e.g. Gr(2, 3)) p is bounded. On the singular set :meth:`log_prob` returns ``+inf`` or,
     depending on rounding in the pair factor, a large finite value (about ``log(1 / eps)``).
 
+    Gradients (w.r.t. the point, and through it anything upstream such as a flow's parameters)
+    are exact wherever p is finite, including the 2k - D principal angles that are always 0
+    when 2k > D, the mean itself, and ties between angles on one Cayley branch: the preimages
+    are differentiated as smooth functions of ``M^T X``, not through its SVD (see
+    :meth:`Grassmann.cayley_preimages`). Where a rounded log_prob on the singular set is
+    finite, so is the gradient (large there).
+
     Args:
         manifold: Gr(k, D).
         mean: ``M: (D, k)`` orthonormal, stored as ``loc``; default the first k columns of

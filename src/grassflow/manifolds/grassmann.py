@@ -38,7 +38,7 @@ def _sym(A: Tensor) -> Tensor:
 
 
 def _cayley_divided_differences(c: Tensor, e: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
-    """Divided differences of the Cayley preimage factors ``h_i = 2 e_i / d_i``, ``d_i = 1 + e_i c_i``.
+    """Divided differences of the Cayley factors ``h_i = 2 e_i / d_i``, ``d_i = 1 + e_i c_i``.
 
     ``delta_ij = (h_i - h_j) / (c_i - c_j)``, ``h'(c_i) = -2 / d_i^2`` on the diagonal, and
     ``sigma_ij = (h_i + h_j) / (c_i + c_j)``, in closed form (no cancellation):
@@ -244,6 +244,10 @@ class Grassmann(nn.Module):
         """
         r = min(self.k, self.D - self.k)
         thr = 1e4 * torch.finfo(Y.dtype).eps
+        flips = torch.tensor(
+            [[False] * (self.k - r) + [bool(m >> i & 1) for i in range(r)] for m in range(2**r)],
+            device=Y.device,
+        ).reshape((2**r,) + (1,) * (Y.dim() - 2) + (self.k,))
         C = Y.mT @ X
         X_perp = X - Y @ C
         with torch.no_grad():  # values only; the gradient is attached below
@@ -256,10 +260,6 @@ class Grassmann(nn.Module):
             # h = s / sin(theta) for both branches, written to stay finite
             plus, minus = 1.0 / torch.cos(half).square(), -1.0 / sin_hc.square()
             s_plus, s_minus = 2.0 * torch.tan(half), -2.0 * torch.cos(half) / sin_hc
-            flips = torch.tensor(
-                [[False] * (self.k - r) + [bool(m >> i & 1) for i in range(r)] for m in range(2**r)],
-                device=Y.device,
-            ).reshape((2**r,) + (1,) * (theta.dim() - 1) + (self.k,))
             h = torch.where(flips, minus, plus)
             s = torch.where(flips, s_minus, s_plus)
             valid = ~(flips & (sin_h < thr)).any(-1)
@@ -271,7 +271,8 @@ class Grassmann(nn.Module):
             d = (1.0 + e * c).clamp_min(2.0 * thr**2)
             delta, sigma = _cayley_divided_differences(c, e, d)
             P = A.mT @ C @ Bh.mT  # diag(c) in value; carries A^T dC B
-            sym, skew = 0.5 * (P + P.mT), 0.5 * (P - P.mT)
+            sym = _sym(P)
+            skew = P - sym
             dG = Bh.mT @ (delta * sym - sigma * skew) @ A.mT
             G = G + (dG - dG.detach())
             # ds/dc = 2 (d mu / dc) / s with mu = s^2 / 4 = 2 / d - 1; exact for functions of s^2
