@@ -77,8 +77,9 @@ class GrassmannField(nn.Module):
         potential: a module ``v(t, Y: (..., D, k)) -> (...)``, invariant under ``Y -> Y Q``.
             With ``supports_jet = True`` it also maps a :class:`~grassflow.nn.jet.Jet` of Y
             to the jet of v, and the divergence takes the forward-Laplacian path.
-        laplacian: ``"auto"`` (forward Laplacian where supported, default), ``"forward"``
-            (required), ``"hvp"`` (Hessian-vector products by double backward) or ``"loop"``
+        laplacian: ``"auto"`` (default: the forward Laplacian for the exact divergence where
+            supported, Hessian-vector products for Hutchinson; see :meth:`path`),
+            ``"forward"`` (required, for both), ``"hvp"`` (Hessian-vector products by double backward) or ``"loop"``
             (one ``torch.autograd.grad`` per ambient coordinate of the field, as the paper's
             RCNF-based implementation; the benchmarks' baseline).
     """
@@ -126,12 +127,11 @@ class GrassmannField(nn.Module):
         Returns:
             ``X: (B, D, k)`` and ``div: (B,)``.
         """
-        path = self.path()
-        self.last_path = path
+        path = self.last_path = self.path(hutchinson=noise is not None)
         if path == "forward":
             with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
                 X, div = self._forward_laplacian(t, Y, noise)
-        elif path == "loop" and noise is None:
+        elif path == "loop":
             X, div = self._loop_divergence(t, Y, create_graph)
         else:
             X, div = self._hvp_laplacian(t, Y, noise, create_graph)
@@ -139,11 +139,20 @@ class GrassmannField(nn.Module):
             X, div = X.detach(), div.detach()
         return X, div
 
-    def path(self) -> str:
-        """The divergence path :meth:`field_and_divergence` takes: ``"forward"`` where the
-        potential supports jets (``supports_jet``) and :attr:`laplacian` allows, else ``"hvp"``."""
-        if self.laplacian in ("hvp", "loop"):
-            return self.laplacian
+    def path(self, hutchinson: bool = False) -> str:
+        """The divergence path :meth:`field_and_divergence` takes.
+
+        ``"auto"`` picks the fastest: for the exact divergence ``"forward"`` where the potential
+        supports jets (``supports_jet``), else ``"hvp"``; for a Hutchinson estimate ``"hvp"``
+        (one Hessian-vector product, while a jet still carries the k(D - k) first-order
+        directions the field needs). ``"loop"`` runs a Hutchinson estimate as ``"hvp"``.
+        """
+        if self.laplacian == "hvp" or (self.laplacian == "loop" and hutchinson):
+            return "hvp"
+        if self.laplacian == "loop":
+            return "loop"
+        if self.laplacian == "auto" and hutchinson:
+            return "hvp"
         if getattr(self.potential, "supports_jet", False):
             return "forward"
         if self.laplacian == "forward":
