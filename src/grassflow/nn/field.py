@@ -79,9 +79,9 @@ class GrassmannField(nn.Module):
             to the jet of v, and the divergence takes the forward-Laplacian path.
         laplacian: ``"auto"`` (default: the forward Laplacian for the exact divergence where
             supported, Hessian-vector products for Hutchinson; see :meth:`path`),
-            ``"forward"`` (required, for both), ``"hvp"`` (Hessian-vector products by double backward) or ``"loop"``
-            (one ``torch.autograd.grad`` per ambient coordinate of the field, as the paper's
-            RCNF-based implementation; the benchmarks' baseline).
+            ``"forward"`` (required, for both), ``"hvp"`` (Hessian-vector products by double
+            backward) or ``"loop"`` (one ``torch.autograd.grad`` per ambient coordinate of the
+            field, as the paper's RCNF-based implementation; the benchmarks' baseline).
     """
 
     def __init__(self, potential: nn.Module, laplacian: str = "auto"):
