@@ -87,7 +87,13 @@ class Jet:
         return self.v.dim()
 
     def _new(self, v: Tensor, J: Tensor | None, L: Tensor | None) -> Jet:
-        return Jet(v, None if J is None else _pad(J, v.dim()), L, self.n_lap)
+        """A jet with value v; J and L broadcast to v's shape (after adding a larger tensor)."""
+        if J is not None:
+            J = _pad(J, v.dim())
+            J = J if J.shape[1:] == v.shape else J.expand(J.shape[0], *v.shape)
+        if L is not None and L.shape != v.shape:
+            L = L.expand(v.shape)
+        return Jet(v, J, L, self.n_lap)
 
     def _map(self, fn, rank: int = 0) -> Jet:
         """A linear map without offset applied to v, J and L (shape ops, reductions, products
@@ -109,8 +115,10 @@ class Jet:
     def squeeze(self, dim: int) -> Jet:
         return self._map(lambda x: x.squeeze(_dim(dim)))
 
-    def diagonal(self, dim1: int = -2, dim2: int = -1) -> Jet:
-        return self._map(lambda x: x.diagonal(dim1=_dim(dim1), dim2=_dim(dim2)))
+    def diagonal(self, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Jet:
+        """As ``Tensor.diagonal``, but with negative dims (pass them as keywords in layers
+        written for both, since the tensor's defaults are 0 and 1)."""
+        return self._map(lambda x: x.diagonal(offset, _dim(dim1), _dim(dim2)))
 
     def mean(self, dim: int) -> Jet:
         return self._map(lambda x: x.mean(dim=_dim(dim)))
