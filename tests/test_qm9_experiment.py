@@ -88,6 +88,15 @@ def test_reproduce_table2_tiny(tmp_path, cache_dir, fixed_pace):
     assert r["paper_jsd"] == pytest.approx(
         jsd_by_hand(np.load(runs / "samples_paper.npy"), train), rel=1e-6
     )
+    # catches: a broken-molecule fraction missing, or not of the saved samples (brute force
+    # over atom pairs; the saved samples are float32, so one molecule at the 0.9 Å edge may
+    # flip: a slack of one in 40)
+    for key, name in (("broken_fraction", "samples.npy"),
+                      ("paper_broken_fraction", "samples_paper.npy")):  # fmt: skip
+        S = np.load(runs / name).astype(np.float64)
+        brute = np.mean([min(np.linalg.norm(m[a] - m[b]) for a in range(19) for b in range(a))
+                         < 0.9 for m in S])  # fmt: skip
+        assert r[key] == pytest.approx(brute, abs=1 / 40 + 1e-12)
     # 24 test molecules are closer to the training set than either model's samples after 8 steps
     assert 0 <= r["jsd_test_data"] < min(0.02, r["jsd"], r["paper_jsd"])
     assert json.loads((out / "table2.json").read_text()) == r

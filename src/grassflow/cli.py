@@ -159,18 +159,20 @@ def cmd_train(args) -> None:
 
 
 def _run_kind(run_dir: str):
-    """The experiment module that wrote ``run_dir`` (textures, particles or shapes)."""
+    """The experiment module that wrote ``run_dir`` (textures, particles, vs-E-NF or shapes)."""
     import json
 
     from .experiments import particles as px
-    from .experiments import shapes
+    from .experiments import shapes, vs_enf
     from .experiments import textures as tx
 
     path = Path(run_dir) / "experiment.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a grassflow run directory?")
     preset = json.loads(path.read_text())
-    return px if "system" in preset else shapes if "n_points" in preset else tx
+    if "system" in preset:
+        return vs_enf if "tol" in preset else px
+    return shapes if "n_points" in preset else tx
 
 
 def cmd_eval(args) -> None:
@@ -182,6 +184,12 @@ def cmd_eval(args) -> None:
               f"{r['test_nll_grassmann']:.3f} (uniform {r['uniform_nll_grassmann']:.3f}) + Gram "
               f"{r['test_nll_gram']:.3f} + Jacobian {r['test_nll_jacobian']:.3f} | pair-distance"
               f" JSD {r['distance_jsd']:.4f}")
+    elif module.__name__.endswith("vs_enf"):
+        r = module.evaluate(args.run_dir)
+        print(f"[{r['system']}, {r['model']}, n_train {r['n_train']}] Cartesian test NLL "
+              f"{r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats (CoM-free, atol = rtol = "
+              f"{r['atol']:g}) = Grassmann {r['test_nll_grassmann']:.3f} + Gram "
+              f"{r['test_nll_gram']:.3f} + Jacobian {r['test_nll_jacobian']:.3f}")
     elif module.__name__.endswith("particles"):
         r = module.evaluate(args.run_dir)
         print(f"[{r['system']}, {r['protocol']}, {r['manifold']}] test NLL {r['test_nll']:.3f} "
@@ -195,19 +203,21 @@ def cmd_eval(args) -> None:
 def cmd_sample(args) -> None:
     import numpy as np
 
+    from .data.point_clouds import write_xyz
     from .training import distributed as dd
     from .training import distributed_sample
 
     module = _run_kind(args.run_dir)
-    if module.__name__.endswith("shapes"):
+    if module.__name__.endswith(("shapes", "vs_enf")):
         X = module.sample(args.run_dir, args.n, args.seed)
         out = Path(args.out).with_suffix(".npy")
         np.save(out, X)
         written = [out]
         if X.shape[-1] == 3:
             exp, _ = module.load_run(args.run_dir)
-            labels = None if exp.labels is None else np.broadcast_to(exp.labels, X.shape[:2])
-            module.write_xyz(out.with_suffix(".xyz"), X, labels, "grassflow ShapeFlow sample")
+            labels = getattr(exp, "labels", None)
+            labels = None if labels is None else np.broadcast_to(labels, X.shape[:2])
+            write_xyz(out.with_suffix(".xyz"), X, labels, "grassflow ShapeFlow sample")
             written.append(out.with_suffix(".xyz"))
         print(f"wrote {args.n} clouds {tuple(X.shape)} to " + ", ".join(map(str, written)))
         return
@@ -293,6 +303,20 @@ def cmd_reproduce_table2(args) -> None:
     result = qm9_report.reproduce(args.out, args.runs, exp, progress=not args.no_progress,
                                   force=args.force)  # fmt: skip
     print(qm9_report.markdown_table(result))
+
+
+def cmd_reproduce_vs_enf(args) -> None:
+    from .experiments import vs_enf
+
+    base = vs_enf.ENFExperiment(potential=args.potential, objective=args.objective,
+                                tol=args.tol, data_dir=args.data_dir)  # fmt: skip
+    vs_enf.sweep(
+        tuple(args.systems), tuple(args.n_train), tuple(args.seeds), args.minutes, args.runs,
+        args.out, base=base, threads=args.threads, progress=not args.no_progress,
+        force=args.force,
+    )  # fmt: skip
+    for system in args.systems:
+        print((Path(args.out) / "vs_enf" / f"{system}.md").read_text())
 
 
 def cmd_data_make(args) -> None:
@@ -467,6 +491,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="retrain run directories that hold another preset or other data "
                         "(deletes them) instead of stopping with an error")
     p.set_defaults(func=cmd_reproduce_table2)
+
+    p = rep.add_parser("vs-enf", help="DW4/LJ13 exact Cartesian NLL on E-NF's split and budget")
+    p.add_argument("--systems", nargs="+", default=list(PARTICLE_SYSTEMS),
+                   choices=PARTICLE_SYSTEMS)  # fmt: skip
+    p.add_argument("--n-train", nargs="+", type=int, default=[1000], help="training sizes")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--minutes", type=float, default=7.0,
+                   help="training minutes per run, both parts, in total over reruns (a larger "
+                        "one continues the runs)")  # fmt: skip
+    p.add_argument("--potential", default="graph", choices=("graph", "mlp"))
+    p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
+    p.add_argument("--tol", type=float, default=1e-4,
+                   help="ODE atol = rtol of validation and of the test NLL (E-NF's: 1e-4)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the anchors: 1)")
+    p.add_argument("--data-dir", help="the Klein et al. files (default: "
+                                      "../shared/data/alt_klein2023_from_DEM)")  # fmt: skip
+    p.add_argument("--runs", default="runs/vs_enf")
+    p.add_argument("--out", default="results", help="writes vs_enf.json and vs_enf/<system>.md")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--force", action="store_true",
+                   help="retrain run directories that hold another preset or other data "
+                        "(deletes them) instead of stopping with an error")
+    p.set_defaults(func=cmd_reproduce_vs_enf)
 
     data = sub.add_subparsers(
         sub.add_parser("data", help="make or check DW4/LJ13 datasets"),

@@ -43,7 +43,7 @@ from ..data.qm9 import distance_histogram, load_qm9_positional
 from ..data.shapes import helmert_basis
 from ..distributions.cartesian import cartesian_elbo, random_orthogonal, shape_factor
 from ..flows import POTENTIALS, GrCNF, ShapeFlow
-from ..metrics import jsd
+from ..metrics import closest_pair_fraction, jsd
 from ..nn import PRESETS
 from ..nn.scale import GramDecoder, ScaleEstimator
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
@@ -306,6 +306,9 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) 
         "jsd": jsd(distance_histogram(samples), train_hist),
         "paper_jsd": jsd(distance_histogram(samples_paper), train_hist),
         "jsd_test_data": jsd(distance_histogram(test.numpy()), train_hist),
+        # issue 14: molecules with two atoms nearer than 0.9 Å (the data have none)
+        "broken_fraction": closest_pair_fraction(samples),
+        "paper_broken_fraction": closest_pair_fraction(samples_paper),
         "n_test": len(nll),
         "n_samples": n_samples,
         "elbo_samples": exp.elbo_samples,

@@ -1,11 +1,13 @@
-"""Sample-quality metrics: on Gr(k, D), distance histograms, molecule alignment."""
+"""Sample-quality metrics: on Gr(k, D), distance histograms, molecule alignment, contacts."""
 
 from .alignment import align, nearest, shape_descriptor
+from .contacts import closest_pair_fraction
 from .histograms import histogram, jsd
 from .mmd import median_bandwidth, mmd2, pairwise_chordal_dist2
 
 __all__ = [
     "align",
+    "closest_pair_fraction",
     "histogram",
     "jsd",
     "median_bandwidth",

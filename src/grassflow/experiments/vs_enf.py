@@ -1,0 +1,385 @@
+"""Like-for-like with E-NF (issue 14): exact Cartesian test NLL on DW4 and LJ13.
+
+Same data, space and CPU budget as the anchors (:data:`ANCHORS`): the Klein et al. files in
+``../shared/data/alt_klein2023_from_DEM/`` split as :data:`ENF_SPLITS`; densities w.r.t.
+Lebesgue measure on the (n - 1) d CoM-free (Helmert) coordinates, nats per configuration. A
+run trains a :class:`~grassflow.flows.ShapeFlow` in two resumable stages
+(:func:`.shapes.train_shape_flow`): the GrCNF on Gr(d, n - 1), then the Gram density.
+
+* Budget: ``minutes`` is the total training wall-clock of both parts, validation included;
+  the Gram density gets ``min(1, 0.1 minutes)``, the flow the rest. Both shares grow with
+  ``minutes``, so a larger budget continues the run and the same one trains nothing more.
+* Tolerance: one ``tol`` (atol = rtol; default 1e-4, E-NF's) for the validation that selects
+  checkpoints and for the test NLL; ``eval.json`` records it.
+* Threads: :func:`sweep` runs on ``threads`` torch threads (default 1, like the anchors).
+
+Run directories ``<runs_dir>/<system>-<potential>-<objective>-n<n_train>-s<seed>`` hold
+``experiment.json``, ``data.json``, ``flow/``, ``gram/`` and ``eval.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data.particle_files import missing_files, shared_data_dir
+from ..data.shapes import helmert_basis
+from ..flows import POTENTIALS, ShapeFlow
+from ..training import OBJECTIVES, TrainConfig, load_checkpoint
+from ..training.checkpoint import write_json
+from ..training.rng import seeded_init
+from .runs import claim_run_dir, data_identity, read_preset, training_status
+from .shapes import load_shape_flow, train_shape_flow
+
+__all__ = [
+    "ANCHORS", "ENF_SPLITS", "ENFExperiment", "build_model", "evaluate",
+    "isotropic_gaussian_nll", "load_enf_splits", "markdown_table", "run", "sweep",
+]  # fmt: skip
+
+SHAPES = {"dw4": (4, 2), "lj13": (13, 3)}  # (points n, dimension d)
+KLEIN_DIR = "alt_klein2023_from_DEM"
+PARTS = ("grassmann", "gram", "jacobian")  # of ShapeFlow.log_prob_terms
+
+# Issue 14's protocol: split -> (file, first row, end row); None = n_train. LJ13 selects on
+# rows 1,000-2,000 of its test file, never on the first 1,000 (its test set).
+ENF_SPLITS = {
+    "dw4": {"train": ("train_split_DW4.npy", 0, None), "val": ("val_split_DW4.npy", 0, 1000),
+            "test": ("test_split_DW4.npy", 0, 1000)},
+    "lj13": {"train": ("val_split_LJ13-1000.npy", 0, None),
+             "val": ("test_split_LJ13-1000.npy", 1000, 2000),
+             "test": ("test_split_LJ13-1000.npy", 0, 1000)},
+}  # fmt: skip
+
+# Issue 14, "Anchors" (n_train = 1,000; test NLL in nats on the CoM-free coordinates):
+# (model, training minutes, test NLL, note). E-NF: vgsatorras/en_flows' default settings
+# trained on this kind of machine, one CPU thread, on the Klein files, evaluated at
+# atol = rtol = 1e-4. "E-NF (paper)": Garcia Satorras et al. 2021, its own data. Midgley et al.
+# 2023 (SE(3) augmented coupling flows): the best published, GPU, E-NF's data, 3 seeds.
+ANCHORS = {
+    "dw4": [("E-NF", 7, 7.92, "1 CPU thread, same split, atol = rtol = 1e-4"),
+            ("E-NF", 20, 7.64, "1 CPU thread, same split, atol = rtol = 1e-4"),
+            ("E-NF (paper)", None, 8.15, "its own data: not the same test set"),
+            ("Midgley et al. 2023", None, 8.71, "best published; GPU, E-NF's data"),
+            ("isotropic Gaussian (issue 14)", None, 12.94, "as quoted in the issue")],
+    "lj13": [("E-NF", 7, 31.85, "1 CPU thread, same split, atol = rtol = 1e-4"),
+             ("E-NF (paper)", None, 30.56, "its own data: not the same test set"),
+             ("Midgley et al. 2023", None, 30.21, "best published; GPU, E-NF's data"),
+             ("isotropic Gaussian (issue 14)", None, 38.67, "as quoted in the issue")],
+}  # fmt: skip
+
+
+def _data_dir(data_dir: str | Path | None) -> Path:
+    shared = shared_data_dir() if data_dir is None else None
+    if data_dir is None and shared is None:
+        raise FileNotFoundError("no ../shared/data folder (or $GRASSFLOW_SHARED_DATA): pass "
+                                f"data_dir, the folder of the Klein files ({KLEIN_DIR})")
+    return Path(data_dir) if data_dir is not None else shared / KLEIN_DIR
+
+
+def load_enf_splits(system: str, n_train: int, data_dir: str | Path | None = None) -> dict:
+    """``{"train", "val", "test"}``: clouds ``(N, n, d)`` float64 as :data:`ENF_SPLITS` takes
+    them from the files in ``data_dir`` (default ``../shared/data/alt_klein2023_from_DEM``)."""
+    if system not in ENF_SPLITS:
+        raise ValueError(f"system must be one of {tuple(ENF_SPLITS)}, got {system!r}")
+    if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
+        raise ValueError(f"n_train must be a positive integer, got {n_train!r}")
+    folder = _data_dir(data_dir)
+    if missing := missing_files(system, "klein", folder):
+        raise FileNotFoundError(f"{system} needs {', '.join(missing)} in {folder}")
+    out = {}
+    for split, (name, start, end) in ENF_SPLITS[system].items():
+        rows, end = np.load(folder / name, mmap_mode="r"), n_train if end is None else end
+        if len(rows) < end:
+            raise ValueError(f"{folder / name} has {len(rows)} rows; {split} needs {end}")
+        X = torch.tensor(np.asarray(rows[start:end], dtype=np.float64))
+        out[split] = X.reshape(-1, *SHAPES[system])
+    return out
+
+
+def isotropic_gaussian_nll(
+    system: str, n_train: int = 1000, data_dir: str | Path | None = None, split: str = "test"
+) -> dict:
+    """The anchor baseline: a zero-mean isotropic Gaussian on the (n - 1) d CoM-free (Helmert)
+    coordinates, its variance fitted to the training configurations by maximum likelihood
+    (``sigma2``: their mean square), and its NLL on ``split`` in nats, with SEM.
+
+    With n_train = 1,000: DW4 12.94 (the issue's 12.94), LJ13 38.59 (the issue's 38.67 is
+    this Gaussian on test-file rows 1,000-2,000, ``split="val"``: 38.67; DW4 gives 12.94 on
+    those rows too). The space is E-NF's: on the 39 raw coordinates LJ13 would give 40.24."""
+    X = load_enf_splits(system, n_train, data_dir)
+    H = helmert_basis(SHAPES[system][0])
+    x, y = ((H.mT @ (X[s] - X[s].mean(dim=-2, keepdim=True))).flatten(1) for s in ("train", split))
+    D, sigma2 = x.shape[1], x.pow(2).mean()
+    nll = 0.5 * D * torch.log(2 * math.pi * sigma2) + y.pow(2).sum(1) / (2 * sigma2)
+    return {"test_nll": nll.mean().item(), "test_nll_sem": (nll.std() / len(nll) ** 0.5).item(),
+            "n_test": len(nll), "sigma2": sigma2.item(), "dims": D, "split": split}  # fmt: skip
+
+
+@dataclass
+class ENFExperiment:
+    """One run. ``minutes``, ``flow_iterations`` and ``gram_iterations`` may grow (the run
+    continues); any other change is another run.
+
+    Attributes:
+        system (``"dw4"``, ``"lj13"``), n_train (first rows of the train file), seed (initial
+            weights and data order); potential: ``"graph"`` or ``"mlp"`` (the paper's);
+            objective: the GrCNF's, ``"fm"``, ``"fm-ot"`` or ``"mle"``.
+        minutes: total training wall-clock of both parts (split: :meth:`budgets`).
+        tol: the ODE's atol = rtol, of validation and of the test NLL.
+        hidden, layers, gram_hidden, gram_layers, chunk_size: see :class:`ShapeFlow`.
+        lr, batch_size: the flow's Adam (the Gram density's: 1e-3, 128).
+        n_val_flow: validation configurations of the flow's exact NLL (the Gram uses all);
+            it runs every ``val_every_minutes`` and at iterations 100, 200, 400, ...
+        flow_iterations, gram_iterations: caps on each part's steps (the budget binds first).
+        data_dir: the Klein files' folder (None: the shared one); data.json hashes the data.
+    """
+
+    system: str = "dw4"
+    n_train: int = 1000
+    seed: int = 0
+    potential: str = "graph"
+    objective: str = "fm"
+    minutes: float = 7.0
+    tol: float = 1e-4
+    hidden: int | tuple[int, ...] | None = None
+    layers: int = 2
+    gram_hidden: int = 32
+    gram_layers: int = 1
+    chunk_size: int = 16
+    lr: float = 1e-3
+    batch_size: int = 100
+    n_val_flow: int = 200
+    val_every_minutes: float = 1.0
+    flow_iterations: int = 10**7
+    gram_iterations: int = 10**7
+    data_dir: str | None = None
+
+    def __post_init__(self):
+        for name, allowed in (("system", tuple(ENF_SPLITS)), ("potential", POTENTIALS),
+                              ("objective", tuple(OBJECTIVES))):  # fmt: skip
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
+            raise ValueError(f"minutes must be > 0, got {self.minutes!r}")
+        self.hidden = tuple(self.hidden) if isinstance(self.hidden, list) else self.hidden
+
+    @property
+    def model(self) -> str:
+        return f"grassflow-{self.potential}-{self.objective}"
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.system}-{self.potential}-{self.objective}-n{self.n_train}-s{self.seed}"
+
+    def budgets(self) -> tuple[float, float]:
+        """``(flow, gram)`` total minutes: the Gram density (small, converges in well under
+        a minute) gets min(1, 0.1 minutes), the flow the rest."""
+        gram = min(1.0, 0.1 * self.minutes)
+        return self.minutes - gram, gram
+
+    def flow_config(self) -> TrainConfig:
+        return TrainConfig(
+            lr=self.lr, weight_decay=1e-12, batch_size=min(self.batch_size, self.n_train),
+            iterations=self.flow_iterations, val_every=None, val_doubling_from=100,
+            val_every_minutes=self.val_every_minutes, log_every=200, checkpoint_every=2000,
+            seed=self.seed, dtype="float64", total_budget_minutes=self.budgets()[0],
+        )  # fmt: skip
+
+    def gram_config(self) -> TrainConfig:
+        return TrainConfig(
+            lr=1e-3, batch_size=min(128, self.n_train), iterations=self.gram_iterations,
+            val_every=200, log_every=50, checkpoint_every=1000, seed=self.seed,
+            dtype="float64", total_budget_minutes=self.budgets()[1],
+        )  # fmt: skip
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ENFExperiment:
+        return cls(**d)
+
+
+def build_model(exp: ENFExperiment) -> ShapeFlow:
+    """The untrained :class:`ShapeFlow` of ``exp`` (weights seeded by ``exp.seed``), float64."""
+    with seeded_init(exp.seed):
+        return ShapeFlow(
+            *SHAPES[exp.system], potential=exp.potential, hidden=exp.hidden, layers=exp.layers,
+            atol=exp.tol, rtol=exp.tol, gram_hidden=exp.gram_hidden,
+            gram_layers=exp.gram_layers, chunk_size=exp.chunk_size,
+        ).double()  # fmt: skip
+
+
+def run(exp: ENFExperiment, run_dir: str | Path, *, force: bool = False, progress: bool = True,
+        data: dict | None = None) -> None:  # fmt: skip
+    """Train (or continue) ``exp`` in ``run_dir`` on ``data`` (default its :data:`ENF_SPLITS`).
+    A directory holding another run raises :class:`.runs.RunMismatch` (``force``: retrain)."""
+    data = load_enf_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
+    identity = {"protocol": "vs_enf.ENF_SPLITS", "path": str(_data_dir(exp.data_dir).resolve()),
+                **data_identity(**{s: data[s] for s in ("train", "val", "test")})}  # fmt: skip
+    claim_run_dir(run_dir, exp.to_dict(), identity, force=force,
+                  budget_keys=("minutes", "flow_iterations", "gram_iterations"))  # fmt: skip
+    train_shape_flow(build_model(exp), data["train"], data["val"], run_dir, exp.flow_config(),
+                     exp.gram_config(), objective=exp.objective, n_val_flow=exp.n_val_flow,
+                     progress=progress)  # fmt: skip
+
+
+def load_run(run_dir: str | Path) -> tuple[ENFExperiment, ShapeFlow]:
+    """The preset and the model with each part's best validation checkpoint, eval mode."""
+    exp = read_preset(Path(run_dir), ENFExperiment.from_dict, "vs-enf")
+    return exp, load_shape_flow(build_model(exp), run_dir)
+
+
+def sample(run_dir: str | Path, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` generated configurations ``(n, n_points, d)``, centred (``grassflow sample``)."""
+    _, model = load_run(run_dir)
+    with torch.no_grad():
+        return model.sample(n, torch.Generator().manual_seed(seed)).numpy()
+
+
+def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
+    """Exact test NLL (nats per configuration, with SEM) of the run's best checkpoints, its
+    parts (``test_nll = grassmann + gram + jacobian``), each part's training, and the ODE
+    tolerance. Writes ``eval.json``; an existing one is returned instead if it evaluated the
+    run as it stands on the same test set (both parts' iterations and trained minutes, and
+    the test configurations' hash, unchanged)."""
+    run_dir, keys = Path(run_dir), ("iterations", "trained_minutes")
+    exp = read_preset(run_dir, ENFExperiment.from_dict, "vs-enf")
+    data = load_enf_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
+    status = {part: training_status(run_dir / part) for part in ("flow", "gram")}
+    done, test_hash = run_dir / "eval.json", data_identity(test=data["test"])["test"]
+    if done.exists():
+        old = json.loads(done.read_text())
+        if old.get("test_hash") == test_hash and all(
+            old.get(f"{p}_{k}") == s[k] for p, s in status.items() for k in keys
+        ):
+            return old
+    _, model = load_run(run_dir)
+    with torch.no_grad():
+        t = model.log_prob_terms(data["test"])
+    nll = -t["log_prob"]
+    best = {p: run_dir / p / "best.pt" for p in status}
+    result = {
+        "system": exp.system, "model": exp.model, "n_train": exp.n_train, "seed": exp.seed,
+        "potential": exp.potential, "objective": exp.objective, "budget_minutes": exp.minutes,
+        "n_test": len(nll), "test_hash": test_hash, "test_nll": nll.mean().item(),
+        "test_nll_sem": (nll.std() / len(nll) ** 0.5).item(),
+        **{f"test_nll_{p}": -t[p].mean().item() for p in PARTS},
+        "uniform_nll_grassmann": model.manifold.log_volume(), "atol": exp.tol, "rtol": exp.tol,
+        "iterations": status["flow"]["iterations"],
+        "train_minutes": sum(s["trained_minutes"] for s in status.values()),
+        **{f"{p}_{k}": s[k] for p, s in status.items() for k in keys},
+        **{f"{p}_best_iteration": int(load_checkpoint(b)["iteration"]) if b.exists() else None
+           for p, b in best.items()},
+    }  # fmt: skip
+    write_json(result, done)
+    return result
+
+
+def _key(r: dict) -> str:
+    return json.dumps([r[k] for k in ("system", "model", "n_train")]
+                      + [r.get("budget_minutes"), r.get("seed")])  # fmt: skip
+
+
+def sweep(
+    systems: tuple[str, ...] = ("dw4", "lj13"), n_trains: tuple[int, ...] = (1000,),
+    seeds: tuple[int, ...] = (0,), minutes: float = 7.0, runs_dir: str | Path = "runs/vs_enf",
+    out_dir: str | Path = "results", *, base: ENFExperiment | None = None, threads: int = 1,
+    progress: bool = True, force: bool = False,
+) -> list[dict]:  # fmt: skip
+    """Train (or continue) and evaluate every (system, n_train, seed) run of ``base`` (its
+    potential, objective, widths, tolerance) at ``minutes``, on ``threads`` torch threads;
+    merge the rows, the isotropic Gaussian's and the anchors into ``out_dir/vs_enf.json``
+    (key: system, model, n_train, budget, seed; rows of other systems, e.g. QM9, are kept)
+    and write ``out_dir/vs_enf/<system>.md``. Returns this invocation's rows."""
+    base = ENFExperiment() if base is None else base
+    for system in systems:  # missing files or rows: fail before training anything
+        load_enf_splits(system, max(n_trains), base.data_dir)
+    rows, old_threads = [], torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for system in systems:
+            for n in n_trains:
+                data = load_enf_splits(system, n, base.data_dir)
+                rows.append({"system": system, "model": "isotropic-gaussian", "n_train": n,
+                             "train_minutes": 0.0, "iterations": 0,
+                             **isotropic_gaussian_nll(system, n, base.data_dir)})  # fmt: skip
+                for seed in seeds:
+                    exp = dataclasses.replace(base, system=system, n_train=n, seed=seed,
+                                              minutes=minutes)  # fmt: skip
+                    run_dir = Path(runs_dir) / exp.run_name
+                    run(exp, run_dir, force=force, progress=progress, data=data)
+                    command = (f"grassflow reproduce vs-enf --systems {system} --n-train {n} "
+                               f"--seeds {seed} --minutes {minutes:g} --potential "
+                               f"{exp.potential} --objective {exp.objective} "
+                               f"--tol {exp.tol:g}")  # fmt: skip
+                    rows.append({**evaluate(run_dir, data), "budget_minutes": minutes,
+                                 "threads": threads, "run_dir": str(run_dir),
+                                 "command": command})  # fmt: skip
+    finally:
+        torch.set_num_threads(old_threads)
+    out, path = Path(out_dir), Path(out_dir) / "vs_enf.json"
+    (out / "vs_enf").mkdir(parents=True, exist_ok=True)
+    merged = {_key(r): r for r in (json.loads(path.read_text()) if path.exists() else [])}
+    anchors = [{"system": s, "model": m, "n_train": 1000, "budget_minutes": mins,
+                "train_minutes": mins, "iterations": None, "test_nll": nll,
+                "test_nll_sem": None, "n_test": 1000, "note": note, "source": "issue 14"}
+               for s, table in ANCHORS.items() for m, mins, nll, note in table]  # fmt: skip
+    merged.update({_key(r): r for r in anchors + rows})
+    write_json(list(merged.values()), path)
+    for system in {r["system"] for r in merged.values()} & set(ENF_SPLITS):
+        (out / "vs_enf" / f"{system}.md").write_text(markdown_table(list(merged.values()), system))
+    return rows
+
+
+def _fmt(x, spec: str = ".2f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _mean(rs: list[dict], key: str) -> float | None:
+    return None if rs[0].get(key) is None else statistics.mean(r[key] for r in rs)
+
+
+def markdown_table(rows: list[dict], system: str) -> str:
+    """``system``'s anchors, isotropic Gaussians and ours: one line per (model, n_train,
+    budget), mean ± SE over seeds (one seed: ± the test-set SEM) and the parts' means."""
+    (n, d), test = SHAPES[system], ENF_SPLITS[system]["test"]
+    lines = [
+        f"**{system.upper()}**: exact Cartesian test NLL, nats per configuration, Lebesgue "
+        f"measure on the {(n - 1) * d} CoM-free coordinates, on `{test[0]}[:{test[2]}]`. "
+        "Minutes: training wall-clock of both parts, validation included (Gram density: "
+        "min(1, 0.1 budget)). Iterations: the flow's. Ours: mean ± SE over seeds (one seed: "
+        "± the test-set SEM).", "",
+        "| model | n_train | budget (CPU min) | trained (min) | iterations | test NLL "
+        "| Grassmann + Gram + Jacobian | seeds | note |", "|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    groups: dict[tuple, list[dict]] = {}
+    for r in (r for r in rows if r["system"] == system):
+        groups.setdefault((r["model"], r["n_train"], r.get("budget_minutes")), []).append(r)
+    order = lambda g: (g[1][0].get("source") != "issue 14", g[0][0].startswith("grassflow"),
+                       g[0][1], g[0][0], g[0][2] or 0)  # fmt: skip
+    for (model, n_train, budget), rs in sorted(groups.items(), key=order):
+        r0, k, ours = rs[0], len(rs), model.startswith("grassflow")
+        nlls = [r["test_nll"] for r in rs]
+        se = statistics.stdev(nlls) / k**0.5 if k > 1 else r0.get("test_nll_sem")
+        its = sorted(r["iterations"] for r in rs) if ours else None
+        parts = " + ".join(_fmt(_mean(rs, f"test_nll_{p}")) for p in PARTS)
+        note = r0.get("note") or (f"ML variance {r0['sigma2']:.4f}" if "sigma2" in r0 else
+                                  f"{r0.get('threads')} thread(s), atol = rtol = {r0['atol']:g}")
+        lines.append(
+            f"| {'isotropic Gaussian (here)' if 'sigma2' in r0 else model} | {n_train:,} | "
+            f"{_fmt(budget, 'g')} | {_fmt(_mean(rs, 'train_minutes') if ours else None)} | "
+            f"{'–' if not its else f'{its[0]:,}' + (f'–{its[-1]:,}' if k > 1 else '')} | "
+            f"{_mean(rs, 'test_nll'):.2f}"
+            f"{'' if se is None else f' ± {se:.2f}'} | {parts if ours else '–'} | "
+            f"{k if ours else '–'} | {note} |"
+        )  # fmt: skip
+    commands = dict.fromkeys(r["command"] for r in rows if r["system"] == system and "command" in r)
+    return "\n".join([*lines, "", "Made by:", *[f"- `{c}`" for c in commands]]) + "\n"
