@@ -135,8 +135,7 @@ class Jet:
             rank = max(self.dim(), other.dim())
             J = _add(*(None if x.J is None else _pad(x.J, rank) for x in (self, other)))
             return self._new(self.v + other.v, J, _add(self.L, other.L))
-        v = self.v + other
-        return self._new(v, None if self.J is None else _pad(self.J, v.dim()), self.L)
+        return self._new(self.v + other, self.J, self.L)
 
     __radd__ = __add__
 
