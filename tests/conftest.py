@@ -27,13 +27,14 @@ def mc_tolerance(samples: torch.Tensor, n_sigma: float = 4.0) -> float:
 
 @pytest.fixture
 def fixed_pace(monkeypatch):
-    """``fixed_pace(step)``: every optimizer step takes ``step`` seconds of the training loop's
-    clock and nothing else takes any time, so a wall-clock budget buys the same number of
-    steps however busy the machine is, and a run that stopped for its budget stops short of
-    it (the case a rerun must not mistake for time left)."""
+    """``fixed_pace(step, validation=0.0)``: every optimizer step takes ``step`` seconds of the
+    training loop's clock, every validation ``validation`` seconds, and nothing else takes any
+    time, so a wall-clock budget buys the same number of steps however busy the machine is,
+    and a run that stopped for its budget stops short of it (the case a rerun must not mistake
+    for time left)."""
     from grassflow.training import loop, objectives
 
-    def install(step: float) -> None:
+    def install(step: float, validation: float = 0.0) -> None:
         t = [0.0]
         monkeypatch.setattr(loop, "_now", lambda: t[0])
         for name, fn in list(objectives.OBJECTIVES.items()):
@@ -43,5 +44,12 @@ def fixed_pace(monkeypatch):
                 return fn(model, batch)
 
             monkeypatch.setitem(objectives.OBJECTIVES, name, ticking)
+        evaluate = loop.distributed_mean_nll
+
+        def ticking_validation(*args, **kwargs):
+            t[0] += validation
+            return evaluate(*args, **kwargs)
+
+        monkeypatch.setattr(loop, "distributed_mean_nll", ticking_validation)
 
     return install

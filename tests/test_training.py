@@ -146,11 +146,23 @@ def test_loss_decreases_and_best_val_is_kept(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["device"] == DEVICE
 
 
-def test_time_based_validation(tmp_path):
-    cfg = config(iterations=12, val_every_minutes=1e-9)  # due after every iteration
-    train(Watson(), dataset(50), cfg, tmp_path / "a", val_data=dataset(20, 1), progress=False)
+def test_time_based_validation(tmp_path, fixed_pace):
+    from grassflow.training import objectives
+
+    fixed_pace(10.0)  # steps of 10 s, validation free: due after every step
+    cfg = config(iterations=12, val_every_minutes=10 / 60)
+    kw = {"val_data": dataset(20, 1), "progress": False, "objective": objectives.OBJECTIVES["mle"]}
+    train(Watson(), dataset(50), cfg, tmp_path / "a", **kw)
     records = read_metrics(tmp_path / "a" / "metrics.jsonl")
     assert all("val_nll" in r for r in records)
+    # a validation dearer than the period (50 s > 30 s) is followed by as much training: one
+    # counted from its start would validate after every step (validation eating the budget)
+    fixed_pace(10.0, validation=50.0)
+    cfg = config(iterations=15, val_every_minutes=0.5)
+    kw["objective"] = objectives.OBJECTIVES["mle"]
+    train(Watson(), dataset(50), cfg, tmp_path / "d", **kw)
+    records = read_metrics(tmp_path / "d" / "metrics.jsonl")
+    assert [r["iteration"] for r in records if "val_nll" in r] == [3, 8, 13, 15]
     cfg = config(iterations=12, val_every_minutes=60.0)  # never due: only the final one
     train(Watson(), dataset(50), cfg, tmp_path / "b", val_data=dataset(20, 1), progress=False)
     records = read_metrics(tmp_path / "b" / "metrics.jsonl")

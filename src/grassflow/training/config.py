@@ -56,8 +56,10 @@ class TrainConfig:
             an early optimum (e.g. before a small dataset is overfitted) at little cost. None =
             off.
         val_every_minutes: also evaluate it whenever this much wall-clock time has passed since
-            the last evaluation (suits budgeted runs whose pace is unknown); None = off. Which
-            iterations get validated then depends on the machine, so ``best.pt`` can too.
+            the end of the last evaluation, or as long as that evaluation took if longer, so
+            these evaluations never take more than half the time (suits budgeted runs whose
+            pace is unknown); None = off. Which iterations get validated then depends on the
+            machine, so ``best.pt`` can too.
         checkpoint_every: write ``last.pt`` every this many iterations.
         budget_minutes: wall-clock budget of one invocation; None = unlimited. Each rerun
             with ``resume=True`` trains for up to this long again (e.g. one SLURM allocation).

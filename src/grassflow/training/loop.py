@@ -130,7 +130,9 @@ def train(
     val_period_s = None if config.val_every_minutes is None else 60.0 * config.val_every_minutes
     clock = None  # with several ranks: the slowest rank's seconds since t0 (see below)
     sync_clock = parallel and (budget_s is not None or val_period_s is not None)
-    last_val_s = state.elapsed
+    # time-based validation waits val_period_s after the end of the last one, or as long as
+    # that one took if longer: validation then never takes more than half the time
+    last_val_s, val_wait_s = state.elapsed, val_period_s
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
     def since_start() -> float:
@@ -175,10 +177,15 @@ def train(
         state.saved_iteration = state.iteration
 
     def validate(done: int) -> float:
-        nonlocal last_val_s
-        last_val_s = elapsed()
+        nonlocal last_val_s, val_wait_s, clock
+        start = elapsed()
         with isolated_rng(derive_seed(config.seed, "validation"), device):
             val_nll = distributed_mean_nll(model, val_data, config.batch_size)
+        if sync_clock:
+            clock = dd.max_over_ranks(_now() - t0)
+        last_val_s = elapsed()
+        if val_period_s is not None:
+            val_wait_s = max(val_period_s, last_val_s - start)
         if not math.isfinite(val_nll):  # a model that gives up on held-out data has diverged
             raise diverged("validation NLL", val_nll, done)
         if state.best_val is None or val_nll < state.best_val:
@@ -238,7 +245,7 @@ def train(
             val_due = val_data is not None and (
                 final
                 or (config.val_every is not None and done % config.val_every == 0)
-                or (val_period_s is not None and elapsed() - last_val_s >= val_period_s)
+                or (val_wait_s is not None and elapsed() - last_val_s >= val_wait_s)
                 or _is_doubling(done, config.val_doubling_from)
             )
             if log_due or val_due:
