@@ -91,7 +91,8 @@ def run(system: str, potential: str, args, data: dict) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--systems", nargs="+", default=["dw4", "lj13", "qm9"])
+    p.add_argument("--systems", nargs="*", default=["dw4", "lj13", "qm9"],
+                   help="none: only rewrite the table from the JSON")
     p.add_argument("--potentials", nargs="+", default=["mlp", "graph"])
     p.add_argument("--minutes", type=float, default=3.0)
     p.add_argument("--n-val", type=int, default=200)
@@ -117,7 +118,8 @@ def main(argv=None) -> None:
     lines = ["| system | manifold | potential | budget (min) | trained (min) | iterations | "
              "Grassmann test NLL | uniform | NFE: first val, last val, test |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in sorted(rows.values(), key=lambda r: (r["system"], r["potential"], r["minutes"])):
+    order = lambda r: (r["system"], r["potential"], r.get("minutes", 3.0))  # noqa: E731
+    for r in sorted(rows.values(), key=order):
         nfe = f"{r.get('nfe_val_first', '–')}, {r.get('nfe_val_last', '–')}, {r['nfe_test']}"
         lines.append(f"| {r['system'].upper()} | {r['manifold']} | {r['potential']} | "
                      f"{r.get('minutes', 3.0):g} | {r['trained_minutes']:.1f} | "
