@@ -389,3 +389,75 @@ def test_wishart_gram_initialize_sets_mean_trace():
     assert abs(tr.mean().item() - target) < tol
     with pytest.raises(ValueError):
         WishartGram(n, k, dof=k - 1.0)
+
+
+def make_mixture(n: int, k: int, components: int = 3) -> WishartGram:
+    """A WishartGram mixture whose scales, dofs and weights all depend on Y."""
+    gram = WishartGram(n, k, hidden=16, layers=1, dof=6.0, components=components)
+    scale_init_(gram.graph, 2.0)
+    with torch.no_grad():
+        for head in (gram.weight, gram.log_dof, gram.logits):
+            head.weight.normal_(std=0.3)
+    return gram
+
+
+def test_wishart_gram_mixture_log_prob_sample_and_equivariance():
+    # catches: a mixture that is not the pi-weighted sum of its components' Wisharts (weights
+    # not normalized, logsumexp over the wrong axis), components that do not rotate with Y, a
+    # sampler that picks components with other weights than log_prob's (its mean would not be
+    # sum_c pi_c Sigma_c), and an initialization that leaves the components identical
+    n, k, m = 5, 2, 30000
+    gram = make_mixture(n, k)
+    Y = Grassmann(k, n - 1).random(4)
+    S = random_spd(k, 4)
+    with torch.no_grad():
+        Sigma, nu, log_pi = gram.mixture_params(Y)
+        assert Sigma.shape == (4, 3, k, k) and nu.shape == log_pi.shape == (4, 3)
+        torch.testing.assert_close(log_pi.exp().sum(-1), torch.ones(4), atol=1e-12, rtol=0)
+        assert log_pi.std() > 1e-2 and (Sigma[:, 0] - Sigma[:, 2]).abs().max() > 0.1
+        by_hand = torch.stack([
+            log_pi[:, c] + wishart_log_prob(S, nu[:, c], Sigma[:, c] / nu[:, c, None, None])
+            for c in range(3)
+        ]).exp().sum(0).log()  # fmt: skip
+        ref = gram.log_prob(S, Y)
+        torch.testing.assert_close(ref, by_hand, atol=1e-10, rtol=0)
+        for reflect in (False, True):
+            Q = random_orthogonal(k, reflect)
+            torch.testing.assert_close(gram.log_prob(Q.mT @ S @ Q, Y @ Q), ref,
+                                       atol=1e-11, rtol=0)  # fmt: skip
+        torch.testing.assert_close(gram.log_prob(S, perm_action(random_perm(n)) @ Y), ref,
+                                   atol=1e-11, rtol=0)  # fmt: skip
+        draws = gram.sample(Y[:1].expand(m, -1, -1), torch.Generator().manual_seed(3))
+        mean = (log_pi[0].exp()[:, None, None] * Sigma[0]).sum(0)
+    for i, j in [(0, 0), (0, 1), (1, 1)]:
+        tol = mc_tolerance(draws[:, i, j])
+        assert tol < 0.05 * mean[i, i].item()
+        assert abs(draws[:, i, j].mean().item() - mean[i, j].item()) < tol
+    with pytest.raises(ValueError, match="mixture_params"):
+        gram.params(Y)
+    with pytest.raises(ValueError, match="components"):
+        WishartGram(n, k, components=0)
+
+
+def test_wishart_gram_mixture_normalizes():
+    # catches: mixture weights that do not sum to one (the Cartesian density would then not
+    # integrate to one) -- importance sampling from the same mixture with every scale widened
+    # by c, so that each weight is bounded by max_c c^(nu_c k / 2)
+    n, k, m, c = 5, 2, 40000, 1.2
+    gram = make_mixture(n, k)
+    Y = Grassmann(k, n - 1).random(1)
+    with torch.no_grad():
+        Sigma, nu, log_pi = (x[0] for x in gram.mixture_params(Y))
+        comp = torch.multinomial(log_pi.exp(), m, replacement=True)
+        S = torch.cat([
+            torch.distributions.Wishart(nu[j], covariance_matrix=c * Sigma[j] / nu[j]).sample(
+                ((comp == j).sum().item(),))
+            for j in range(3)
+        ])  # fmt: skip
+        log_q = torch.logsumexp(torch.stack([
+            log_pi[j] + wishart_log_prob(S, nu[j], c * Sigma[j] / nu[j]) for j in range(3)
+        ]), 0)  # fmt: skip
+        w = torch.exp(gram.log_prob(S, Y.expand(m, -1, -1)) - log_q)
+    tol = mc_tolerance(w)
+    assert tol / 4 <= 0.01 and w.std() > 0.1
+    assert abs(w.mean().item() - 1.0) < tol

@@ -309,7 +309,10 @@ def cmd_reproduce_vs_enf(args) -> None:
     from .experiments import vs_enf
 
     base = vs_enf.ENFExperiment(potential=args.potential, objective=args.objective,
-                                tol=args.tol, data_dir=args.data_dir)  # fmt: skip
+                                tol=args.tol, data_dir=args.data_dir,
+                                gram_components=args.gram_components,
+                                gram_fraction=args.gram_fraction,
+                                gram_max_minutes=args.gram_max_minutes)  # fmt: skip
     vs_enf.sweep(
         tuple(args.systems), tuple(args.n_train), tuple(args.seeds), args.minutes, args.runs,
         args.out, base=base, threads=args.threads, progress=not args.no_progress,
@@ -505,6 +508,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tol", type=float, default=1e-4,
                    help="ODE atol = rtol of validation and of the test NLL (E-NF's: 1e-4)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the anchors: 1)")
+    p.add_argument("--gram-components", type=int, default=1,
+                   help="Wishart mixture components of the Gram density")
+    p.add_argument("--gram-fraction", type=float, default=0.1,
+                   help="share of --minutes for the Gram density (capped by the next)")
+    p.add_argument("--gram-max-minutes", type=float, default=1.0)
     p.add_argument("--data-dir", help="the Klein et al. files (default: "
                                       "../shared/data/alt_klein2023_from_DEM)")  # fmt: skip
     p.add_argument("--runs", default="runs/vs_enf")

@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 # invocation may train, where, and where the data lie (data.json hashes their content).
 _FREE = ("train.budget_minutes", "train.device", "data_dir", "cache_dir", "data",
          "flow.budget_minutes", "flow.device", "gram.budget_minutes", "gram.device")
+# preset fields added after runs were made: the value those runs had without saying so
+_ADDED = {"gram_components": 1, "gram_fraction": 0.1, "gram_max_minutes": 1.0}
 
 
 class RunMismatch(ValueError):
@@ -143,6 +145,8 @@ def _mismatch(run_dir: Path, preset: dict, data: dict, budget_keys: tuple[str, .
     diffs = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, "<missing>"), new.get(key, "<missing>")
+        if a == "<missing>" and key in _ADDED:
+            a = _ADDED[key]
         if a == b or key in _FREE or key.endswith("path") or (a == "<missing>" and b is None):
             continue
         if key in budget_keys and _number(a) and _number(b) and b >= a:

@@ -7,7 +7,8 @@ run trains a :class:`~grassflow.flows.ShapeFlow` in two resumable stages
 (:func:`.shapes.train_shape_flow`): the GrCNF on Gr(d, n - 1), then the Gram density.
 
 * Budget: ``minutes`` is the total training wall-clock of both parts, validation included;
-  the Gram density gets ``min(1, 0.1 minutes)``, the flow the rest. Both shares grow with
+  the Gram density gets ``min(gram_max_minutes, gram_fraction minutes)`` (default
+  ``min(1, 0.1 minutes)``), the flow the rest. Both shares grow with
   ``minutes``, so a larger budget continues the run and the same one trains nothing more.
 * Tolerance: one ``tol`` (atol = rtol; default 1e-4, E-NF's) for the validation that selects
   checkpoints and for the test NLL; ``eval.json`` records it.
@@ -152,6 +153,9 @@ class ENFExperiment:
     layers: int = 2
     gram_hidden: int = 32
     gram_layers: int = 1
+    gram_components: int = 1
+    gram_fraction: float = 0.1
+    gram_max_minutes: float = 1.0
     chunk_size: int = 16
     lr: float = 1e-3
     batch_size: int = 100
@@ -172,16 +176,30 @@ class ENFExperiment:
 
     @property
     def model(self) -> str:
-        return f"grassflow-{self.potential}-{self.objective}"
+        gram = "" if self.gram_components == 1 else f"-gram{self.gram_components}"
+        if (self.gram_fraction, self.gram_max_minutes) != (0.1, 1.0):
+            gram += f"-share{self.gram_fraction:g}-max{self.gram_max_minutes:g}"
+        return f"grassflow-{self.potential}-{self.objective}{gram}"
 
     @property
     def run_name(self) -> str:
-        return f"{self.system}-{self.potential}-{self.objective}-n{self.n_train}-s{self.seed}"
+        return f"{self.system}-{self.model.removeprefix('grassflow-')}-n{self.n_train}-s{self.seed}"
+
+    def command(self) -> str:
+        """The ``grassflow reproduce vs-enf`` line of this run (non-default options only)."""
+        cmd = (f"grassflow reproduce vs-enf --systems {self.system} --n-train {self.n_train} "
+               f"--seeds {self.seed} --minutes {self.minutes:g} --potential {self.potential} "
+               f"--objective {self.objective} --tol {self.tol:g}")  # fmt: skip
+        default = ENFExperiment()
+        for name in ("gram_components", "gram_fraction", "gram_max_minutes"):
+            if getattr(self, name) != getattr(default, name):
+                cmd += f" --{name.replace('_', '-')} {getattr(self, name):g}"
+        return cmd
 
     def budgets(self) -> tuple[float, float]:
-        """``(flow, gram)`` total minutes: the Gram density (small, converges in well under
-        a minute) gets min(1, 0.1 minutes), the flow the rest."""
-        gram = min(1.0, 0.1 * self.minutes)
+        """``(flow, gram)`` total minutes: the Gram density gets ``min(gram_max_minutes,
+        gram_fraction * minutes)`` (default min(1, 0.1 minutes)), the flow the rest."""
+        gram = min(self.gram_max_minutes, self.gram_fraction * self.minutes)
         return self.minutes - gram, gram
 
     def flow_config(self) -> TrainConfig:
@@ -214,6 +232,7 @@ def build_model(exp: ENFExperiment) -> ShapeFlow:
             *SHAPES[exp.system], potential=exp.potential, hidden=exp.hidden, layers=exp.layers,
             atol=exp.tol, rtol=exp.tol, gram_hidden=exp.gram_hidden,
             gram_layers=exp.gram_layers, chunk_size=exp.chunk_size,
+            gram_components=exp.gram_components,
         ).double()  # fmt: skip
 
 
@@ -316,10 +335,7 @@ def sweep(
                                               minutes=minutes)  # fmt: skip
                     run_dir = Path(runs_dir) / exp.run_name
                     run(exp, run_dir, force=force, progress=progress, data=data)
-                    command = (f"grassflow reproduce vs-enf --systems {system} --n-train {n} "
-                               f"--seeds {seed} --minutes {minutes:g} --potential "
-                               f"{exp.potential} --objective {exp.objective} "
-                               f"--tol {exp.tol:g}")  # fmt: skip
+                    command = exp.command()
                     rows.append({**evaluate(run_dir, data), "budget_minutes": minutes,
                                  "threads": threads, "run_dir": str(run_dir),
                                  "command": command})  # fmt: skip

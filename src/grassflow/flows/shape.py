@@ -47,7 +47,8 @@ class ShapeFlow(nn.Module):
             molecule), seen by the graph potential and the Gram density.
         prior: GrCNF base, ``"uniform"`` (default; permutation invariant) or ``"gaussian"``.
         sigma, T, train_T, divergence, method, atol, rtol: see :class:`GrCNF`.
-        gram_hidden, gram_layers: of the :class:`WishartGram`.
+        gram_hidden, gram_layers, gram_components: of the :class:`WishartGram` (components:
+            a mixture of that many Wisharts).
         chunk_size: clouds per ODE solve in :meth:`log_prob` and :meth:`sample`; bounds the
             peak memory of the exact divergence (k(D - k) Hessian-vector products at once).
     """
@@ -71,6 +72,7 @@ class ShapeFlow(nn.Module):
         gram_hidden: int = 32,
         gram_layers: int = 1,
         chunk_size: int = 16,
+        gram_components: int = 1,
     ):
         super().__init__()
         if not (isinstance(n_points, int) and isinstance(dim, int) and 1 <= dim <= n_points - 2):
@@ -94,7 +96,8 @@ class ShapeFlow(nn.Module):
             row_cov=sigma**2 * torch.eye(D), col_cov=sigma**2 * torch.eye(k), T=T,
             train_T=train_T, divergence=divergence, method=method, atol=atol, rtol=rtol,
         )  # fmt: skip
-        self.gram = WishartGram(n_points, dim, gram_hidden, gram_layers, labels)
+        self.gram = WishartGram(n_points, dim, gram_hidden, gram_layers, labels,
+                                components=gram_components)  # fmt: skip
         self.register_buffer("H", helmert_basis(n_points))  # float64; used in P's dtype
 
     def extra_repr(self) -> str:
