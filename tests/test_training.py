@@ -163,6 +163,14 @@ def test_time_based_validation(tmp_path, fixed_pace):
     train(Watson(), dataset(50), cfg, tmp_path / "d", **kw)
     records = read_metrics(tmp_path / "d" / "metrics.jsonl")
     assert [r["iteration"] for r in records if "val_nll" in r] == [3, 8, 13, 15]
+    # a budget leaves room for the final validation (as long as the last one took): steps of
+    # 10 s, validations of 50 s, budget 150 s. After the validation at 3 (t = 80) one step at
+    # the mean pace and a validation would overrun (90 + 22.5 + 50 > 150): stop at 4, final
+    # validation done at 140 s. Without the reserve: validations at 3, 6, 7, done at 220 s.
+    cfg = config(iterations=100, val_every=3, budget_minutes=2.5)
+    train(Watson(), dataset(50), cfg, tmp_path / "e", **kw)
+    records = read_metrics(tmp_path / "e" / "metrics.jsonl")
+    assert [r["iteration"] for r in records if "val_nll" in r] == [3, 4]
     cfg = config(iterations=12, val_every_minutes=60.0)  # never due: only the final one
     train(Watson(), dataset(50), cfg, tmp_path / "b", val_data=dataset(20, 1), progress=False)
     records = read_metrics(tmp_path / "b" / "metrics.jsonl")

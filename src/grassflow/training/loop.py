@@ -132,7 +132,7 @@ def train(
     sync_clock = parallel and (budget_s is not None or val_period_s is not None)
     # time-based validation waits val_period_s after the end of the last one, or as long as
     # that one took if longer: validation then never takes more than half the time
-    last_val_s, val_wait_s = state.elapsed, val_period_s
+    last_val_s, val_wait_s, last_val_cost = state.elapsed, val_period_s, 0.0
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
     def since_start() -> float:
@@ -177,15 +177,16 @@ def train(
         state.saved_iteration = state.iteration
 
     def validate(done: int) -> float:
-        nonlocal last_val_s, val_wait_s, clock
+        nonlocal last_val_s, val_wait_s, last_val_cost, clock
         start = elapsed()
         with isolated_rng(derive_seed(config.seed, "validation"), device):
             val_nll = distributed_mean_nll(model, val_data, config.batch_size)
         if sync_clock:
             clock = dd.max_over_ranks(_now() - t0)
         last_val_s = elapsed()
+        last_val_cost = last_val_s - start
         if val_period_s is not None:
-            val_wait_s = max(val_period_s, last_val_s - start)
+            val_wait_s = max(val_period_s, last_val_cost)
         if not math.isfinite(val_nll):  # a model that gives up on held-out data has diverged
             raise diverged("validation NLL", val_nll, done)
         if state.best_val is None or val_nll < state.best_val:
@@ -234,11 +235,13 @@ def train(
             if sync_clock:  # time-based decisions must agree, or the ranks part ways
                 clock = dd.max_over_ranks(_now() - t0)
 
-            # stop if one more step (at the mean pace) would overrun the budget
+            # stop if one more step (at the mean pace) and the final validation (as long as the
+            # last one took) would overrun the budget
             out_of_budget = (
                 budget_s is not None
                 and not last
-                and since_start() * (1 + 1 / (done - start_iteration)) > budget_s
+                and since_start() * (1 + 1 / (done - start_iteration)) + last_val_cost
+                > budget_s
             )
             final = last or out_of_budget  # always log and validate the final iteration
             log_due = done % config.log_every == 0 or final
