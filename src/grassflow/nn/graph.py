@@ -135,9 +135,7 @@ def _pair_mean_jet(layer: ConcatSquash, t: Tensor, h: jet.Jet, e: jet.Jet) -> je
     A, B, C = W[:, :hid], W[:, hid : 2 * hid], W[:, 2 * hid :]
     z = ((h.v @ A.mT).unsqueeze(-2) + (h.v @ B.mT).unsqueeze(-3) + e.v @ C.mT
          + layer.linear.bias * g + layer.bias(tt))  # fmt: skip
-    s = torch.sigmoid(z)
-    d1 = s * (1 + z * (1 - s))  # silu'
-    d2 = s * (1 - s) * (2 + z * (1 - 2 * s))  # silu''
+    f, d1, d2 = jet.silu_derivatives(z)
     P, Q = h.J @ A.mT, h.J @ B.mT  # (M, ..., n, out)
     eJ = e.J  # (M, ..., n, n, c)
     ein = torch.einsum
@@ -154,7 +152,7 @@ def _pair_mean_jet(layer: ConcatSquash, t: Tensor, h: jet.Jet, e: jet.Jet) -> je
         L = L + d1 * ((h.L @ A.mT).unsqueeze(-2) + (h.L @ B.mT).unsqueeze(-3))
     if e.L is not None:
         L = L + d1 * (e.L @ C.mT)
-    return jet.Jet((z * s).mean(-2), J, L.mean(-2), h.n_lap)
+    return jet.Jet(f.mean(-2), J, L.mean(-2), h.n_lap)
 
 
 class GraphPotential(nn.Module):

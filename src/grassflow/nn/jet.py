@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["Jet", "cat", "linear", "silu", "stack", "tanh"]
+__all__ = ["Jet", "cat", "linear", "silu", "silu_derivatives", "stack", "tanh"]
 
 
 def _dim(dim: int) -> int:
@@ -212,14 +212,18 @@ def tanh(x: Tensor | Jet) -> Tensor | Jet:
     return x.elementwise(f, df, -2 * f * df)
 
 
+def silu_derivatives(z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``silu(z) = z sigmoid(z)`` and its first two derivatives,
+    ``f' = s (1 + z (1 - s))`` and ``f'' = s (1 - s) (2 + z (1 - 2 s))``."""
+    s = torch.sigmoid(z)
+    ds = s * (1 - s)
+    return z * s, s + z * ds, ds * (2 + z * (1 - 2 * s))
+
+
 def silu(x: Tensor | Jet) -> Tensor | Jet:
-    """``x sigmoid(x)``: ``f' = s (1 + x (1 - s))``, ``f'' = s (1 - s) (2 + x (1 - 2 s))``."""
     if not isinstance(x, Jet):
         return torch.nn.functional.silu(x)
-    s = torch.sigmoid(x.v)
-    z = x.v
-    ds = s * (1 - s)
-    return x.elementwise(z * s, s + z * ds, ds * (2 + z * (1 - 2 * s)))
+    return x.elementwise(*silu_derivatives(x.v))
 
 
 def _as_jet(x: Tensor | Jet, like: Jet) -> Jet:
