@@ -40,12 +40,10 @@ KLEIN = {"dw4": ("train_split_DW4.npy", "val_split_DW4.npy", "test_split_DW4.npy
 def clouds(system: str) -> dict[str, torch.Tensor]:
     """Train / val / test clouds ``(N, n, d)``, float64."""
     if system == "qm9":
-        from grassflow.data.shapes import helmert_basis
-        from grassflow.experiments.qm9 import load_split
+        from grassflow.experiments.qm9 import load_molecules
 
-        P = load_split("data")
-        H = helmert_basis(19)
-        return {"train": H @ P["train"], "val": H @ P["valid"], "test": H @ P["test"]}
+        X = load_molecules("data")
+        return {"train": X["train"], "val": X["valid"], "test": X["test"]}
     train_f, val_f, test_f, n, d = KLEIN[system]
     root = shared_data_dir() / "alt_klein2023_from_DEM"
     load = lambda f: torch.tensor(np.load(root / f), dtype=torch.float64).reshape(-1, n, d)  # noqa: E731

@@ -175,21 +175,23 @@ def _run_kind(run_dir: str):
     return shapes if "n_points" in preset else tx
 
 
+def _shape_nll(r: dict) -> str:
+    """A ShapeFlow's test NLL and its parts, from an ``eval.json``."""
+    return (f"{r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats per shape = Grassmann "
+            f"{r['test_nll_grassmann']:.3f} (uniform {r['uniform_nll_grassmann']:.3f}) + Gram "
+            f"{r['test_nll_gram']:.3f} + Jacobian {r['test_nll_jacobian']:.3f}")  # fmt: skip
+
+
 def cmd_eval(args) -> None:
     module = _run_kind(args.run_dir)
     if module.__name__.endswith("shapes"):
         r = module.evaluate(args.run_dir, n_samples=args.n_samples, seed=args.seed)
         print(f"[{r['n_points']} points in {r['dim']}-D, {r['potential']} potential] test NLL "
-              f"{r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats per shape = Grassmann "
-              f"{r['test_nll_grassmann']:.3f} (uniform {r['uniform_nll_grassmann']:.3f}) + Gram "
-              f"{r['test_nll_gram']:.3f} + Jacobian {r['test_nll_jacobian']:.3f} | pair-distance"
-              f" JSD {r['distance_jsd']:.4f}")
+              f"{_shape_nll(r)} | pair-distance JSD {r['distance_jsd']:.4f}")
     elif module.__name__.endswith("vs_enf"):
         r = module.evaluate(args.run_dir)
-        print(f"[{r['system']}, {r['model']}, n_train {r['n_train']}] Cartesian test NLL "
-              f"{r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats (CoM-free, atol = rtol = "
-              f"{r['atol']:g}) = Grassmann {r['test_nll_grassmann']:.3f} + Gram "
-              f"{r['test_nll_gram']:.3f} + Jacobian {r['test_nll_jacobian']:.3f}")
+        print(f"[{r['system']}, {r['model']}, n_train {r['n_train']}, atol = rtol = "
+              f"{r['atol']:g}] Cartesian test NLL {_shape_nll(r)}")
     elif module.__name__.endswith("particles"):
         r = module.evaluate(args.run_dir)
         print(f"[{r['system']}, {r['protocol']}, {r['manifold']}] test NLL {r['test_nll']:.3f} "

@@ -61,7 +61,7 @@ from .shapes import load_shape_flow, train_shape_flow
 
 __all__ = [
     "PAPER", "DecoderModel", "QM9Experiment", "QM9Models", "RunMismatch", "evaluate",
-    "load_molecules", "load_run", "load_split", "run", "sample_molecules", "training_status",
+    "load_molecules", "load_run", "run", "sample_molecules", "training_status",
 ]  # fmt: skip
 
 # paper Table 2: GrCNF reports -ELBO (an upper bound of its NLL), E-NF an NLL
@@ -177,12 +177,6 @@ def load_molecules(cache_dir: str | Path, dtype: torch.dtype = torch.float64) ->
         X = torch.as_tensor(data[s], dtype=dtype)
         out[s] = X - X.mean(dim=-2, keepdim=True)
     return out
-
-
-def load_split(cache_dir: str | Path, dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
-    """The same molecules in Helmert coordinates ``P = H^T X: (M, 18, 3)`` (Å)."""
-    H = helmert_basis(N + 1, dtype=dtype)
-    return {s: H.mT @ X for s, X in load_molecules(cache_dir, dtype).items()}
 
 
 def _models(exp: QM9Experiment, init_scale: Tensor | None = None) -> QM9Models:

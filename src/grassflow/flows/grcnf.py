@@ -149,7 +149,6 @@ class GrCNF(nn.Module):
 
     def _solve(self, Y: Tensor, a: Tensor, s0: float, s1: float, sign: float, exact):
         dynamics = self._dynamics(sign, exact, Y)
-        fast = getattr(self.field, "field_and_divergence", None)
         Y1, a1, stats = odeint_grassmann(
             dynamics,
             Y,
@@ -162,7 +161,7 @@ class GrCNF(nn.Module):
             adjoint=self.adjoint,
             adjoint_params=tuple(self.parameters()) if self.adjoint else None,
         )
-        if exact is not None and fast is not None:
+        if exact is not None and hasattr(self.field, "last_path"):
             stats["divergence_path"] = self.field.last_path
         self.last_stats = stats
         return Y1, a1
