@@ -246,8 +246,8 @@ def test_reproduce_table2_options_reach_the_preset(tmp_path, monkeypatch, capsys
 
     seen = {}
 
-    def reproduce(out, runs, exp, progress, force):
-        seen.update(exp=exp, out=out, runs=runs, force=force)
+    def reproduce(out, runs, exp, progress, force, summary_dir):
+        seen.update(exp=exp, out=out, runs=runs, force=force, summary=summary_dir)
         return {}
 
     monkeypatch.setattr(qm9_report, "reproduce", reproduce)
@@ -258,7 +258,9 @@ def test_reproduce_table2_options_reach_the_preset(tmp_path, monkeypatch, capsys
     exp = seen["exp"]
     assert (exp.potential, exp.flow_minutes, exp.scale_minutes) == ("graph", 2.0, 0.5)
     assert exp.hidden == (32, 32, 32) and seen["force"] and seen["runs"] == str(tmp_path / "r")
-    assert main(["reproduce", "table2", "--runs", str(tmp_path / "r")]) == 0
+    assert seen["summary"] == "results"  # the issue-14 summary is kept up to date
+    assert main(["reproduce", "table2", "--runs", str(tmp_path / "r"), "--summary", ""]) == 0
     assert seen["exp"].potential == "mlp"  # the paper's potential by default
+    assert seen["summary"] is None
     with pytest.raises(SystemExit):
         main(["reproduce", "table2", "--potential", "transformer"])

@@ -16,6 +16,7 @@ from grassflow.experiments import qm9, qm9_report
 from grassflow.experiments.runs import read_preset
 from grassflow.flows import ShapeFlow
 from grassflow.nn.graph import GraphPotential
+from grassflow.training.metrics import read_metrics
 
 try:
     qm9data.qm9pack_data_dir()
@@ -61,7 +62,8 @@ def test_reproduce_table2_tiny(tmp_path, cache_dir, fixed_pace):
                             cache_dir=cache_dir, atol=1e-4, rtol=1e-4)  # fmt: skip
     assert exp.potential == "mlp"  # the paper's potential is the default
     out, runs = tmp_path / "out", tmp_path / "runs"
-    r = qm9_report.reproduce(out, runs, exp, progress=False, n_samples=40)
+    r = qm9_report.reproduce(out, runs, exp, progress=False, n_samples=40,
+                             summary_dir=tmp_path / "summary")  # fmt: skip
     assert r["n_test"] == 24 and math.isfinite(r["test_nll"]) and r["potential"] == "mlp"
     # the exact NLL is the sum of its parts
     parts = r["test_nll_grassmann"] + r["test_nll_gram"] + r["mean_log_jacobian"]
@@ -100,6 +102,22 @@ def test_reproduce_table2_tiny(tmp_path, cache_dir, fixed_pace):
     # 24 test molecules are closer to the training set than either model's samples after 8 steps
     assert 0 <= r["jsd_test_data"] < min(0.02, r["jsd"], r["paper_jsd"])
     assert json.loads((out / "table2.json").read_text()) == r
+    # catches: the curve not read from the flow's validation records (its last point is the
+    # best checkpoint's or later: the budget ends after the last validation)
+    vals = [m["val_nll"] for m in read_metrics(runs / "flow" / "metrics.jsonl") if "val_nll" in m]
+    assert [v for _, v in r["curve"]] == vals and (out / "curve.png").stat().st_size > 10_000
+    # catches: the issue-14 summary row missing, or not this run's exact-model figures
+    rows = json.loads((tmp_path / "summary" / "vs_enf.json").read_text())
+    (row,) = [x for x in rows if x["model"].startswith("grassflow")]
+    assert row["system"] == "qm9" and row["model"] == "grassflow-mlp-fm"
+    assert (row["test_nll"], row["jsd"], row["broken_fraction"], row["n_test"]) == (
+        r["test_nll"], r["jsd"], r["broken_fraction"], 24)
+    assert row["n_train"] == len(qm9.load_molecules(cache_dir)["train"])
+    assert row["budget_minutes"] == pytest.approx(0.1) and row["iterations"] == 8
+    assert row["train_minutes"] == pytest.approx(r["flow_minutes"] + r["gram_minutes"])
+    summary = (tmp_path / "summary" / "vs_enf" / "qm9.md").read_text()
+    for text in ("-70.20", "-136.30", "not comparable", f"{r['jsd']:.4f}", "0.0060"):
+        assert text in summary
     table = (out / "table2.md").read_text()
     assert "-70.2" in table and "ShapeFlow" in table and "mlp potential" in table
     assert (out / "distances.png").stat().st_size > 10_000

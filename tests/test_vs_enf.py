@@ -16,6 +16,7 @@ import torch
 from grassflow.cli import main
 from grassflow.data.particle_files import missing_files, shared_data_dir
 from grassflow.experiments import vs_enf
+from grassflow.experiments.qm9 import QM9Experiment
 from grassflow.experiments.runs import RunMismatch, training_status
 from grassflow.flows import ShapeFlow
 from grassflow.metrics import closest_pair_fraction
@@ -150,7 +151,13 @@ def test_sweep_rows_merge_and_tables(tmp_path, monkeypatch):
     monkeypatch.setattr(vs_enf, "load_enf_splits", lambda *a, **k: tiny(load(*a, **k), 20, 30))
     out, runs = tmp_path / "results", tmp_path / "runs"
     out.mkdir()
-    qm9_row = {"system": "qm9", "model": "grassflow-mlp-fm", "n_train": 100, "test_nll": 65.6}
+    fake = {"n_train": 100, "flow_minutes": 4.0, "gram_minutes": 1.0, "flow_iterations": 7,
+            "n_test": 30, "test_nll": 65.6, "test_nll_sem": 0.2, "test_nll_grassmann": -28.0,
+            "test_nll_gram": 20.0, "mean_log_jacobian": 73.6, "jsd": 0.04,
+            "broken_fraction": 0.9}  # fmt: skip
+    qm9_row = vs_enf.qm9_row(fake, QM9Experiment(flow_minutes=4.0, scale_minutes=1.0))
+    assert (qm9_row["model"], qm9_row["budget_minutes"], qm9_row["train_minutes"],
+            qm9_row["test_nll_jacobian"]) == ("grassflow-mlp-fm", 5.0, 5.0, 73.6)  # fmt: skip
     (out / "vs_enf.json").write_text(json.dumps([qm9_row]))
     base = vs_enf.ENFExperiment(potential="mlp", flow_iterations=6, gram_iterations=3)
     kw = {"base": base, "progress": False}
@@ -181,6 +188,9 @@ def test_sweep_rows_merge_and_tables(tmp_path, monkeypatch):
                  "--minutes 6 --potential mlp"):  # fmt: skip
         assert text in table
     assert "31.85" in (out / "vs_enf" / "lj13.md").read_text()
+    qm9_table = (out / "vs_enf" / "qm9.md").read_text()  # kept, with its anchors
+    assert "| grassflow-mlp-fm | 100 | 5 |" in qm9_table and "0.0400 | 0.900 |" in qm9_table
+    assert "-70.20" in qm9_table and "-136.30" in qm9_table
 
 
 def test_closest_pair_fraction_against_brute_force():

@@ -303,7 +303,7 @@ def cmd_reproduce_table2(args) -> None:
         flow_minutes=args.budget, scale_minutes=args.scale_budget, cache_dir=args.cache_dir,
     )  # fmt: skip
     result = qm9_report.reproduce(args.out, args.runs, exp, progress=not args.no_progress,
-                                  force=args.force)  # fmt: skip
+                                  force=args.force, summary_dir=args.summary or None)  # fmt: skip
     print(qm9_report.markdown_table(result))
 
 
@@ -490,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training minutes of each of the Gram density and the decoder")  # fmt: skip
     p.add_argument("--cache-dir", default="data", help="where the processed QM9 split is cached")
     p.add_argument("--out", default="results/table2")
+    p.add_argument("--summary", default="results",
+                   help="merge the exact model's row into SUMMARY/vs_enf.json and "
+                        "SUMMARY/vs_enf/qm9.md ('' to skip)")  # fmt: skip
     p.add_argument("--runs", default="runs/table2")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--force", action="store_true",

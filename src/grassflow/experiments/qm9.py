@@ -304,6 +304,7 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) 
         "broken_fraction": closest_pair_fraction(samples),
         "paper_broken_fraction": closest_pair_fraction(samples_paper),
         "n_test": len(nll),
+        "n_train": len(X["train"]),
         "n_samples": n_samples,
         "elbo_samples": exp.elbo_samples,
         "iwae_samples": exp.iwae_samples,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,14 @@ from matplotlib.figure import Figure
 from ..data.qm9 import distance_histogram, load_qm9_positional
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
+from ..training.metrics import read_metrics
 from ..viz.molecules import plot_nearest
+from . import vs_enf
 from .qm9 import PAPER, QM9Experiment, evaluate, load_molecules, load_run, run
 
-__all__ = ["markdown_table", "plot_figure5", "plot_histograms", "reproduce", "write_xyz"]
+__all__ = [
+    "markdown_table", "plot_curve", "plot_figure5", "plot_histograms", "reproduce", "write_xyz",
+]  # fmt: skip
 
 
 def write_xyz(X: np.ndarray, path: str | Path, comment: str = "grassflow sample") -> None:
@@ -50,14 +55,49 @@ def plot_histograms(run_dir: str | Path, path: str | Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def plot_figure5(run_dir: str | Path, path: str | Path, n: int = 4) -> np.ndarray:
-    """The paper's Figure 5: the first ``n`` molecules of the paper's model beside their
-    nearest training molecules after alignment; returns their RMSDs (Å)."""
+def plot_figure5(run_dir: str | Path, path: str | Path, n: int = 4,
+                 model: str = "exact") -> np.ndarray:  # fmt: skip
+    """The paper's Figure 5: the first ``n`` molecules of ``model`` (``"exact"``, the
+    ShapeFlow, or ``"paper"``, the scale estimator's) beside their nearest training molecules
+    after alignment; returns their RMSDs (Å)."""
+    if model not in ("exact", "paper"):
+        raise ValueError(f"model must be 'exact' or 'paper', got {model!r}")
     run_dir = Path(run_dir)
     exp, _ = load_run(run_dir)
     charges = load_qm9_positional(exp.cache_dir)["train_charges"]
-    X = np.load(run_dir / "samples_paper.npy")
+    X = np.load(run_dir / ("samples.npy" if model == "exact" else "samples_paper.npy"))
     return plot_nearest(X, _train_molecules(run_dir), path, n, charges=charges)[1]
+
+
+def plot_curve(run_dir: str | Path, path: str | Path, summary_dir: str | Path | None = None
+               ) -> list[list[float]]:  # fmt: skip
+    """The GrCNF's validation NLL (the Grassmann part, nats) against its training minutes,
+    and, from ``summary_dir/vs_enf.json``, the exact Cartesian test NLLs of this preset's
+    evaluated budgets. Returns the curve's ``(minutes, val NLL)`` points."""
+    run_dir = Path(run_dir)
+    exp, _ = load_run(run_dir)
+    curve = [[r["elapsed"] / 60, r["val_nll"]] for r in read_metrics(run_dir / "flow" /
+             "metrics.jsonl") if r.get("val_nll") is not None]  # fmt: skip
+    fig = Figure(figsize=(7.5, 3.2))
+    ax, bx = fig.subplots(1, 2)
+    ax.plot(*zip(*curve), "o-", ms=3, color="C3")
+    ax.set_xlabel("GrCNF training (CPU min)")
+    ax.set_ylabel("validation NLL on Gr(3, 18) (nats)")
+    ax.set_xscale("log")
+    model = vs_enf.qm9_model(exp)
+    path_json = None if summary_dir is None else Path(summary_dir) / "vs_enf.json"
+    ours = [] if path_json is None or not path_json.exists() else sorted(
+        (r["budget_minutes"], r["test_nll"]) for r in json.loads(path_json.read_text())
+        if r["system"] == "qm9" and r["model"] == model)  # fmt: skip
+    if ours:
+        bx.plot(*zip(*ours), "s-", color="C3", label=model)
+    bx.axhline(PAPER["E-NF"]["nll"], color="k", ls="--", label="E-NF (paper)")
+    bx.set_xlabel("training budget (CPU min)")
+    bx.set_ylabel("exact test NLL, 54-D (nats)")
+    bx.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return curve
 
 
 def reproduce(
@@ -67,9 +107,12 @@ def reproduce(
     progress: bool = True,
     n_samples: int = 1000,
     force: bool = False,
+    summary_dir: str | Path | None = None,
 ) -> dict:
     """Train (or continue), evaluate, and write ``table2.{json,md}``, ``distances.png``,
-    ``figure5.png`` and ``samples.xyz`` (10 generated molecules) to ``out_dir``.
+    ``figure5.png`` (the exact model's samples) and ``samples.xyz`` (10 generated molecules)
+    to ``out_dir``; with ``summary_dir``, also merge the exact model's row into
+    ``summary_dir/vs_enf.json`` and its QM9 table (:func:`.vs_enf.merge_rows`).
 
     ``force`` retrains a ``run_dir`` that holds another preset or split (see
     :func:`.qm9.run`)."""
@@ -82,10 +125,13 @@ def reproduce(
     out.mkdir(parents=True, exist_ok=True)
     plot_histograms(run_dir, out / "distances.png")
     result["figure5_rmsd"] = plot_figure5(run_dir, out / "figure5.png").round(3).tolist()
-    write_json(result, out / "table2.json")
     (out / "table2.md").write_text(markdown_table(result))
     write_xyz(np.load(Path(run_dir) / "samples.npy")[:10], out / "samples.xyz",
               "grassflow QM9 sample; atom types are not modelled (X)")  # fmt: skip
+    if summary_dir is not None:
+        vs_enf.merge_rows([vs_enf.qm9_row(result, exp)], summary_dir)
+    result["curve"] = plot_curve(run_dir, out / "curve.png", summary_dir)
+    write_json(result, out / "table2.json")
     return result
 
 
