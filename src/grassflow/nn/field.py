@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -25,6 +26,14 @@ PRESETS: dict[str, tuple[int, ...]] = {
 }
 
 
+def _fourier(h: Tensor | Jet) -> Tensor | Jet:
+    """``[sin h, cos h]`` on the last axis: ``(..., m) -> (..., 2m)``; tensors or jets."""
+    if not isinstance(h, Jet):
+        return torch.cat([torch.sin(h), torch.cos(h)], -1)
+    s, c = torch.sin(h.v), torch.cos(h.v)
+    return jet.cat([h.elementwise(s, c, -s), h.elementwise(c, -s, -c)], -1)
+
+
 class Potential(nn.Module):
     """O(k)-invariant scalar potential ``v(t, Y)``: HorP -> tanh -> Vec -> [CS -> tanh]* -> CS.
 
@@ -33,6 +42,11 @@ class Potential(nn.Module):
         hidden: widths of the hidden ConcatSquash layers, e.g. ``(64, 64)``.
         horp_width: columns of the HorP weight; default k (the paper).
         final_tanh: apply tanh to the scalar output, as the paper's tables do.
+        fourier_scale: None (the paper): the features are ``tanh(HorP(Y))``. A float: they are
+            ``[sin(HorP(Y)), cos(HorP(Y))]`` (2 D horp_width of them) with the HorP weight drawn
+            from ``N(0, fourier_scale^2)``. Still O(k)-invariant; periodic features let the
+            network resolve fine structure (thin spiral arms) that tanh features, smooth on the
+            scale of the data, learn only very slowly (spectral bias).
     """
 
     supports_jet = True  # forward() is written with jet-aware ops
@@ -44,17 +58,28 @@ class Potential(nn.Module):
         hidden: Sequence[int] = (64, 64),
         horp_width: int | None = None,
         final_tanh: bool = True,
+        fourier_scale: float | None = None,
     ):
         super().__init__()
         width = k if horp_width is None else horp_width
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ValueError(f"horp_width must be a positive integer, got {horp_width!r}")
         self.horp = HorP(D, width)
-        sizes = [D * width, *hidden, 1]
+        self.fourier_scale = fourier_scale
+        if fourier_scale is not None:
+            if not (math.isfinite(fourier_scale) and fourier_scale > 0):
+                raise ValueError(f"fourier_scale must be positive and finite, got {fourier_scale}")
+            with torch.no_grad():
+                self.horp.weight.mul_(fourier_scale)  # HorP's weight is N(0, 1)
+        n_features = D * width * (1 if fourier_scale is None else 2)
+        sizes = [n_features, *hidden, 1]
         self.layers = nn.ModuleList(ConcatSquash(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
         self.final_tanh = final_tanh
 
     def forward(self, t: Tensor, Y: Tensor) -> Tensor:
         """``Y: (..., D, k)`` -> ``(...)``; on a :class:`~grassflow.nn.jet.Jet`, its jet."""
-        x = jet.tanh(self.horp(Y)).flatten(-2)
+        h = self.horp(Y)
+        x = (jet.tanh(h) if self.fourier_scale is None else _fourier(h)).flatten(-2)
         for i, layer in enumerate(self.layers):
             x = layer(t, x)
             if i < len(self.layers) - 1 or self.final_tanh:
