@@ -155,7 +155,10 @@ def cmd_train(args) -> None:
     if args.dataset in px.SIZES:
         exp, module = _particle_experiment(args), px
     else:
-        exp, module = _apply_overrides(tx.TexturesExperiment(dataset=args.dataset), args), tx
+        exp = tx.preset(args.preset, args.dataset)
+        if args.preset != "paper":  # its budget-bound iteration cap: the paper's count instead
+            exp.train = exp.train.replace(iterations=tx.PRESETS["paper"].train.iterations)
+        exp, module = _apply_overrides(exp, args), tx
     result = module.run(exp, args.run_dir, resume=args.resume, progress=not args.no_progress)
     print(result.message or f"stopped: {result.stopped} after {result.iterations} iterations")
 
@@ -254,12 +257,11 @@ def cmd_reproduce_textures(args) -> None:
     from .experiments import textures as tx
     from .experiments import textures_figures as fig
 
-    base = _apply_overrides(
-        tx.TexturesExperiment(
-            train=tx.PAPER_TEXTURES.replace(batch_size=200, val_every=500, checkpoint_every=250)
-        ),
-        args,
-    )
+    base = tx.PRESETS[args.preset]
+    if args.preset == "paper":
+        base = dataclasses.replace(base, train=tx.PAPER_TEXTURES.replace(
+            batch_size=200, val_every=500, checkpoint_every=250))  # fmt: skip
+    base = _apply_overrides(base, args)
     rows = fig.reproduce(
         args.out,
         args.runs,
@@ -398,6 +400,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a GrCNF on a texture or DW4/LJ13 (resumable)")
     p.add_argument("--dataset", default="2spirals", choices=TEXTURES + PARTICLE_SYSTEMS)
     p.add_argument("--run-dir", required=True)
+    p.add_argument("--preset", default="fourier", choices=("fourier", "paper"),
+                   help="fourier (default): Fourier HorP features trained by flow matching, which "
+                        "resolve thin structure such as spiral arms; paper: the paper's model "
+                        "and objective (maximum likelihood)")  # fmt: skip
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/last.pt")
     g = p.add_argument_group("your own point clouds (a ShapeFlow; --dataset is then ignored)")
     g.add_argument("--data", help="an (N, n, d) .npy, an .npz, or a folder of .xyz files")
@@ -444,6 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-minutes-per-dataset", type=float, default=10.0,
                    help="training minutes per dataset, in total over reruns")
     p.add_argument("--datasets", nargs="+", default=list(TEXTURES), choices=TEXTURES)
+    p.add_argument("--preset", default="fourier", choices=("fourier", "paper"),
+                   help="fourier (default): Fourier HorP features trained by flow matching, which "
+                        "resolve thin structure such as spiral arms; paper: the paper's model "
+                        "and objective (maximum likelihood)")  # fmt: skip
     _add_train_options(p)
     p.add_argument("--force", action="store_true",
                    help="retrain run directories that hold another preset or other data "
