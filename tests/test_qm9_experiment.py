@@ -99,6 +99,8 @@ def test_reproduce_table2_tiny(tmp_path, cache_dir, fixed_pace):
         brute = np.mean([min(np.linalg.norm(m[a] - m[b]) for a in range(19) for b in range(a))
                          < 0.9 for m in S])  # fmt: skip
         assert r[key] == pytest.approx(brute, abs=1 / 40 + 1e-12)
+    # catches: the Gram-only diagnostic missing (test spans, sampled S)
+    assert 0 <= r["given_spans_broken_fraction"] <= 1 and 0 < r["given_spans_jsd"] <= math.log(2)
     # 24 test molecules are closer to the training set than either model's samples after 8 steps
     assert 0 <= r["jsd_test_data"] < min(0.02, r["jsd"], r["paper_jsd"])
     assert json.loads((out / "table2.json").read_text()) == r

@@ -400,3 +400,17 @@ def test_gram_density_is_wishart_of_the_model():
         Sigma, nu = model.gram.params(Y)
         ref = wishart_log_prob(S, nu, Sigma / nu[:, None, None])
         torch.testing.assert_close(model.log_prob_terms(P)["gram"], ref, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("n,d", [(4, 2), (5, 3)])
+def test_sample_given_keeps_the_spans(n, d):
+    # catches: sample_given ignoring the given spans (drawing its own), or an orientation or
+    # Cholesky factor applied on the wrong side (which would move the span)
+    model = make_model(n, d)
+    P = 2.0 * torch.randn(9, n, d, generator=torch.Generator().manual_seed(0))
+    Y, _ = model.factor(P)
+    X = model.sample_given(Y, torch.Generator().manual_seed(1))
+    Y2, _ = model.factor(X)
+    torch.testing.assert_close(Y2 @ Y2.mT, Y @ Y.mT, atol=1e-10, rtol=0)
+    torch.testing.assert_close(X.mean(dim=1), torch.zeros(9, d), atol=1e-12, rtol=0)
+    assert not torch.allclose(model.factor(X)[1], model.factor(P)[1])  # S is drawn, not copied

@@ -158,8 +158,15 @@ class ShapeFlow(nn.Module):
         """``m`` centred clouds ``(m, n, d)``, each in a Haar-random orientation (no graph)."""
         with torch.no_grad():
             Y = torch.cat([self.flow.sample(c, generator) for c in _chunks(m, self.chunk_size)])
+            return self.sample_given(Y, generator)
+
+    def sample_given(self, Y: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Centred clouds ``(B, n, d)`` with the given spans ``Y: (B, n - 1, d)`` (orthonormal
+        representatives): S from the Gram density, a Haar-random orientation. With the spans
+        of real clouds this isolates what the Gram density does to the samples."""
+        with torch.no_grad():
             S = self.gram.sample(Y, generator)
-            R = random_orthogonal((m,), self.dim, generator=generator, dtype=Y.dtype,
+            R = random_orthogonal(Y.shape[:-2], self.dim, generator=generator, dtype=Y.dtype,
                                   device=Y.device)  # fmt: skip
             return self.H.to(Y) @ (Y @ torch.linalg.cholesky(S) @ R)
 
