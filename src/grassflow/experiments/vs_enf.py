@@ -394,8 +394,9 @@ def qm9_row(result: dict, exp) -> dict:
         **{k: result[k] for k in ("test_nll", "test_nll_sem", "test_nll_grassmann",
                                   "test_nll_gram", "jsd", "broken_fraction")},
         "test_nll_jacobian": result["mean_log_jacobian"], "atol": exp.atol, "rtol": exp.rtol,
-        "threads": torch.get_num_threads(), "command": f"grassflow reproduce table2 --objective {exp.objective} "
-        f"--prior {exp.prior} --potential {exp.potential} --budget {exp.flow_minutes:g} "
+        "threads": torch.get_num_threads(),
+        "command": f"grassflow reproduce table2 --objective {exp.objective} --prior {exp.prior} "
+        f"--potential {exp.potential} --budget {exp.flow_minutes:g} "
         f"--scale-budget {exp.scale_minutes:g}",
     }  # fmt: skip
 
