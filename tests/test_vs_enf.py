@@ -165,8 +165,10 @@ def test_sweep_rows_merge_and_tables(tmp_path, monkeypatch):
     assert [r["seed"] for r in rows if r["model"] == "grassflow-mlp-fm"] == [0, 1]
     vs_enf.sweep(("dw4",), (10,), (1, 2), 5.0, runs, out, **kw)  # seed 1 again: reused
     vs_enf.sweep(("dw4",), (10,), (0,), 6.0, runs, out, **kw)  # a larger budget: a new row
+    # catches: an int and a float budget (a hand-made row, a CLI one) kept as two rows
+    vs_enf.merge_rows([{**qm9_row, "budget_minutes": 5, "test_nll": 64.0}], out)
     saved = json.loads((out / "vs_enf.json").read_text())
-    assert qm9_row in saved
+    assert [r["test_nll"] for r in saved if r["system"] == "qm9" and "source" not in r] == [64.0]
     ours = [r for r in saved if r["system"] == "dw4" and r["model"].startswith("grassflow")]
     assert sorted((r["budget_minutes"], r["seed"]) for r in ours) == [(5, 0), (5, 1), (5, 2),
                                                                       (6, 0)]  # fmt: skip

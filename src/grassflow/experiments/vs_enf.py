@@ -312,8 +312,9 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
 
 
 def _key(r: dict) -> str:
+    budget = r.get("budget_minutes")  # 60 and 60.0 are one budget
     return json.dumps([r[k] for k in ("system", "model", "n_train")]
-                      + [r.get("budget_minutes"), r.get("seed")])  # fmt: skip
+                      + [None if budget is None else float(budget), r.get("seed")])  # fmt: skip
 
 
 def sweep(
