@@ -42,8 +42,7 @@ from .shapes import load_shape_flow, train_shape_flow
 __all__ = [
     "ANCHORS", "ENF_SPLITS", "ENFExperiment", "build_model", "evaluate",
     "isotropic_gaussian_nll", "load_enf_splits", "markdown_table", "merge_rows", "qm9_model",
-    "qm9_row",
-    "run", "sweep",
+    "qm9_row", "run", "sweep",
 ]  # fmt: skip
 
 SHAPES = {"dw4": (4, 2), "lj13": (13, 3)}  # (points n, dimension d)
@@ -362,18 +361,25 @@ def merge_rows(rows: list[dict], out_dir: str | Path = "results") -> list[dict]:
     out, path = Path(out_dir), Path(out_dir) / "vs_enf.json"
     (out / "vs_enf").mkdir(parents=True, exist_ok=True)
     merged = {_key(r): r for r in (json.loads(path.read_text()) if path.exists() else [])}
-    anchors = [{"system": s, "model": m, "n_train": QM9_N_TRAIN if s == "qm9" else 1000,
-                "budget_minutes": mins, "train_minutes": mins, "iterations": None,
-                "test_nll": nll, "test_nll_sem": None, "n_test": QM9_N_TEST if s == "qm9"
-                else 1000, "note": note, "source": "issue 14", **extra}
-               for s, table in ANCHORS.items() for m, mins, nll, note, *more in table
-               for extra in [more[0] if more else {}]]  # fmt: skip
-    merged.update({_key(r): r for r in anchors + rows})
+    merged.update({_key(r): r for r in _anchor_rows() + rows})
     everything = list(merged.values())
     write_json(everything, path)
     for system in {r["system"] for r in everything}:
         (out / "vs_enf" / f"{system}.md").write_text(markdown_table(everything, system))
     return everything
+
+
+def _anchor_rows() -> list[dict]:
+    rows = []
+    for system, table in ANCHORS.items():
+        n_train, n_test = (QM9_N_TRAIN, QM9_N_TEST) if system == "qm9" else (1000, 1000)
+        for model, minutes, nll, note, *extra in table:  # extra: e.g. {"jsd": ...}
+            rows.append({"system": system, "model": model, "n_train": n_train,
+                         "budget_minutes": minutes, "train_minutes": minutes,
+                         "iterations": None, "test_nll": nll, "test_nll_sem": None,
+                         "n_test": n_test, "note": note, "source": "issue 14",
+                         **(extra[0] if extra else {})})  # fmt: skip
+    return rows
 
 
 def qm9_model(exp) -> str:
