@@ -58,6 +58,13 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+def _add_texture_preset(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="fourier", choices=("fourier", "paper"),
+                   help="textures: fourier (default), Fourier HorP features trained by flow "
+                        "matching, which resolve thin structure such as spiral arms; paper, the "
+                        "paper's model and objective (maximum likelihood)")  # fmt: skip
+
+
 MODEL_FIELDS = ("objective", "divergence", "method", "atol", "rtol", "sigma")
 
 
@@ -400,10 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a GrCNF on a texture or DW4/LJ13 (resumable)")
     p.add_argument("--dataset", default="2spirals", choices=TEXTURES + PARTICLE_SYSTEMS)
     p.add_argument("--run-dir", required=True)
-    p.add_argument("--preset", default="fourier", choices=("fourier", "paper"),
-                   help="fourier (default): Fourier HorP features trained by flow matching, which "
-                        "resolve thin structure such as spiral arms; paper: the paper's model "
-                        "and objective (maximum likelihood)")  # fmt: skip
+    _add_texture_preset(p)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/last.pt")
     g = p.add_argument_group("your own point clouds (a ShapeFlow; --dataset is then ignored)")
     g.add_argument("--data", help="an (N, n, d) .npy, an .npz, or a folder of .xyz files")
@@ -450,10 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-minutes-per-dataset", type=float, default=10.0,
                    help="training minutes per dataset, in total over reruns")
     p.add_argument("--datasets", nargs="+", default=list(TEXTURES), choices=TEXTURES)
-    p.add_argument("--preset", default="fourier", choices=("fourier", "paper"),
-                   help="fourier (default): Fourier HorP features trained by flow matching, which "
-                        "resolve thin structure such as spiral arms; paper: the paper's model "
-                        "and objective (maximum likelihood)")  # fmt: skip
+    _add_texture_preset(p)
     _add_train_options(p)
     p.add_argument("--force", action="store_true",
                    help="retrain run directories that hold another preset or other data "
