@@ -181,12 +181,14 @@ def test_sweep_rows_merge_and_tables(tmp_path, monkeypatch):
     assert anchors[("dw4", "E-NF", 7)] == 7.92 and anchors[("dw4", "E-NF", 20)] == 7.64
     assert anchors[("lj13", "E-NF", 7)] == 31.85
     assert anchors[("lj13", "Midgley et al. 2023", None)] == 30.21
+    assert anchors[("dw4", "GrCNF (paper, Table 1)", None)] == -13.74  # labelled not comparable
     assert sum(r["model"] == "isotropic-gaussian" for r in saved) == 1
     table = (out / "vs_enf" / "dw4.md").read_text()
     nll = [r["test_nll"] for r in ours if r["budget_minutes"] == 5]
     mean_se = f"{np.mean(nll):.2f} ± {np.std(nll, ddof=1) / 3**0.5:.2f}"
     assert "| grassflow-mlp-fm | 10 | 5 |" in table and mean_se in table
     for text in ("7.92", "7.64", "8.15", "8.71", "12.94", "isotropic Gaussian (here)",
+                 "-13.74 | – | – | a density on uncentred Gr(k, n)",
                  "--minutes 6 --potential mlp"):  # fmt: skip
         assert text in table
     assert "31.85" in (out / "vs_enf" / "lj13.md").read_text()
