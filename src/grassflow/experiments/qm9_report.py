@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -69,10 +68,10 @@ def plot_figure5(run_dir: str | Path, path: str | Path, n: int = 4,
     return plot_nearest(X, _train_molecules(run_dir), path, n, charges=charges)[1]
 
 
-def plot_curve(run_dir: str | Path, path: str | Path, summary_dir: str | Path | None = None
+def plot_curve(run_dir: str | Path, path: str | Path, rows: list[dict] | None = None
                ) -> list[list[float]]:  # fmt: skip
     """The GrCNF's validation NLL (the Grassmann part, nats) against its training minutes,
-    and, from ``summary_dir/vs_enf.json``, the exact Cartesian test NLLs of this preset's
+    and, from the ``vs_enf.json`` ``rows``, the exact Cartesian test NLLs of this preset's
     evaluated budgets. Returns the curve's ``(minutes, val NLL)`` points."""
     run_dir = Path(run_dir)
     exp, _ = load_run(run_dir)
@@ -85,10 +84,8 @@ def plot_curve(run_dir: str | Path, path: str | Path, summary_dir: str | Path | 
     ax.set_ylabel("validation NLL on Gr(3, 18) (nats)")
     ax.set_xscale("log")
     model = vs_enf.qm9_model(exp)
-    path_json = None if summary_dir is None else Path(summary_dir) / "vs_enf.json"
-    ours = [] if path_json is None or not path_json.exists() else sorted(
-        (r["budget_minutes"], r["test_nll"]) for r in json.loads(path_json.read_text())
-        if r["system"] == "qm9" and r["model"] == model)  # fmt: skip
+    ours = sorted((r["budget_minutes"], r["test_nll"]) for r in rows or ()
+                  if r["system"] == "qm9" and r["model"] == model)  # fmt: skip
     if ours:
         bx.plot(*zip(*ours), "s-", color="C3", label=model)
     bx.axhline(PAPER["E-NF"]["nll"], color="k", ls="--", label="E-NF (paper)")
@@ -128,9 +125,10 @@ def reproduce(
     (out / "table2.md").write_text(markdown_table(result))
     write_xyz(np.load(Path(run_dir) / "samples.npy")[:10], out / "samples.xyz",
               "grassflow QM9 sample; atom types are not modelled (X)")  # fmt: skip
+    rows = None
     if summary_dir is not None:
-        vs_enf.merge_rows([vs_enf.qm9_row(result, exp)], summary_dir)
-    result["curve"] = plot_curve(run_dir, out / "curve.png", summary_dir)
+        rows = vs_enf.merge_rows([vs_enf.qm9_row(result, exp)], summary_dir)
+    result["curve"] = plot_curve(run_dir, out / "curve.png", rows)
     write_json(result, out / "table2.json")
     return result
 
