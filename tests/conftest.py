@@ -27,16 +27,17 @@ def mc_tolerance(samples: torch.Tensor, n_sigma: float = 4.0) -> float:
 
 @pytest.fixture
 def fixed_pace(monkeypatch):
-    """``fixed_pace(step, validation=0.0)``: every optimizer step takes ``step`` seconds of the
-    training loop's clock, every validation ``validation`` seconds, and nothing else takes any
-    time, so a wall-clock budget buys the same number of steps however busy the machine is,
-    and a run that stopped for its budget stops short of it (the case a rerun must not mistake
-    for time left)."""
-    from grassflow.training import loop, objectives
+    """``fixed_pace(step, validation=0.0, threads=1.0)``: every optimizer step takes ``step``
+    wall seconds, every validation ``validation`` wall seconds, and nothing else takes any
+    time; CPU seconds pass ``threads`` times as fast as wall seconds. A budget of either clock
+    then buys the same number of steps however busy the machine is, and a run that stopped for
+    its budget stops short of it (the case a rerun must not mistake for time left)."""
+    from grassflow.training import clock, loop, objectives
 
-    def install(step: float, validation: float = 0.0) -> None:
+    def install(step: float, validation: float = 0.0, threads: float = 1.0) -> None:
         t = [0.0]
-        monkeypatch.setattr(loop, "_now", lambda: t[0])
+        monkeypatch.setattr(clock, "_wall", lambda: t[0])
+        monkeypatch.setattr(clock, "_cpu", lambda: threads * t[0])
         for name, fn in list(objectives.OBJECTIVES.items()):
 
             def ticking(model, batch, fn=fn):

@@ -100,7 +100,26 @@ def test_best_falls_back_to_last_loudly(tmp_path, caplog):
         assert checkpoint_path(tmp_path) == tmp_path / "last.pt"
     assert "no best.pt" in caplog.text
     assert training_status(tmp_path / "new") == {
-        "iterations": 0, "trained_minutes": 0.0, "spent_total_budget": None}
+        "iterations": 0, "trained_minutes": 0.0, "cpu_minutes": 0.0, "wall_minutes": 0.0,
+        "val_cpu_minutes": 0.0, "val_wall_minutes": 0.0, "clock": None, "threads": None,
+        "spent_total_budget": None}  # fmt: skip
+
+
+def test_training_status_of_old_and_new_checkpoints(tmp_path):
+    # catches: CPU and wall minutes swapped, seconds reported as minutes, and checkpoints
+    # written before CPU budgets (wall seconds in "elapsed" alone) becoming unreadable
+    (tmp_path / "old").mkdir()
+    torch.save({"iteration": 5, "elapsed": 90.0}, tmp_path / "old" / "last.pt")
+    old = training_status(tmp_path / "old")
+    assert (old["trained_minutes"], old["cpu_minutes"], old["wall_minutes"]) == (1.5, 1.5, 1.5)
+    assert old["clock"] == "wall" and old["val_cpu_minutes"] is None
+    (tmp_path / "new").mkdir()
+    torch.save({"iteration": 7, "elapsed": 120.0, "clock": "cpu", "cpu_s": 120.0,
+                "wall_s": 240.0, "val_cpu_s": 30.0, "val_wall_s": 60.0, "threads": 1},
+               tmp_path / "new" / "last.pt")  # fmt: skip
+    new = training_status(tmp_path / "new")
+    assert (new["cpu_minutes"], new["wall_minutes"], new["val_cpu_minutes"],
+            new["val_wall_minutes"], new["threads"]) == (2.0, 4.0, 0.5, 1.0, 1)  # fmt: skip
 
 
 def test_data_location_is_not_the_identity(tmp_path):

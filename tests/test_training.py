@@ -24,6 +24,7 @@ from grassflow.training import (
     read_metrics,
     train,
 )
+from grassflow.training import clock as clock_module
 from grassflow.training import loop as loop_module
 
 DEVICE = os.environ.get("GRASSFLOW_TEST_DEVICE", "cpu")
@@ -163,14 +164,16 @@ def test_time_based_validation(tmp_path, fixed_pace):
     train(Watson(), dataset(50), cfg, tmp_path / "d", **kw)
     records = read_metrics(tmp_path / "d" / "metrics.jsonl")
     assert [r["iteration"] for r in records if "val_nll" in r] == [3, 8, 13, 15]
-    # a budget leaves room for the final validation (as long as the last one took): steps of
-    # 10 s, validations of 50 s, budget 150 s. After the validation at 3 (t = 80) one step at
-    # the mean pace and a validation would overrun (90 + 22.5 + 50 > 150): stop at 4, final
-    # validation done at 140 s. Without the reserve: validations at 3, 6, 7, done at 220 s.
-    cfg = config(iterations=100, val_every=3, budget_minutes=2.5)
-    train(Watson(), dataset(50), cfg, tmp_path / "e", **kw)
+    # validation is not charged to the budget (catches: a budget that validation eats): steps
+    # of 10 s, validations of 50 s, budget 147 s buy 14 steps (a 15th would reach 150 s),
+    # validated at 3, 6, 9, 12 and at the end; charged, they would leave 4 steps
+    cfg = config(iterations=100, val_every=3, budget_minutes=2.45)
+    result = train(Watson(), dataset(50), cfg, tmp_path / "e", **kw)
     records = read_metrics(tmp_path / "e" / "metrics.jsonl")
-    assert [r["iteration"] for r in records if "val_nll" in r] == [3, 4]
+    assert [r["iteration"] for r in records if "val_nll" in r] == [3, 6, 9, 12, 14]
+    assert result.iterations == 14 and result.elapsed == pytest.approx(140.0)
+    assert result.val_wall_seconds == pytest.approx(5 * 50.0)
+    assert records[-1]["wall_s"] == pytest.approx(140.0)
     cfg = config(iterations=12, val_every_minutes=60.0)  # never due: only the final one
     train(Watson(), dataset(50), cfg, tmp_path / "b", val_data=dataset(20, 1), progress=False)
     records = read_metrics(tmp_path / "b" / "metrics.jsonl")
@@ -254,7 +257,7 @@ def test_budget_stop_checkpoints_and_resumes(tmp_path, monkeypatch):
     train(ref, data, config(iterations=60), tmp_path / "ref", progress=False)
 
     clock = iter(range(10**6))  # every reading of the clock advances it by one second
-    monkeypatch.setattr(loop_module, "_now", lambda: float(next(clock)))
+    use_clock(monkeypatch, lambda: float(next(clock)))
     model = Watson()
     cfg = config(iterations=60, budget_minutes=0.25)
     result = train(model, data, cfg, tmp_path / "run", progress=False)
@@ -267,6 +270,13 @@ def test_budget_stop_checkpoints_and_resumes(tmp_path, monkeypatch):
     result = train(model, data, cfg, tmp_path / "run", resume=True, progress=False)
     assert result.stopped == "done" and result.iterations == 60
     assert_identical(params(model), params(ref))
+
+
+def use_clock(monkeypatch, clock, cpu_per_wall: float = 1.0) -> None:
+    """The training loop's CPU and wall clocks read ``clock``; the CPU clock runs
+    ``cpu_per_wall`` times as fast (threads > 1), or slower (a process sharing its core)."""
+    monkeypatch.setattr(clock_module, "_wall", clock)
+    monkeypatch.setattr(clock_module, "_cpu", lambda: cpu_per_wall * clock())
 
 
 class Clock:
@@ -293,7 +303,7 @@ def test_total_budget_is_spent_once_whatever_the_pace(tmp_path, monkeypatch):
 
     def go(budget, step):
         clock = Clock(step)
-        monkeypatch.setattr(loop_module, "_now", clock)
+        use_clock(monkeypatch, clock)
         model = Watson()
         cfg = config(iterations=1000, total_budget_minutes=budget)
         result = train(model, data, cfg, run, resume=run.exists(), objective=clock.objective,
@@ -325,24 +335,48 @@ def test_total_and_invocation_budgets_together(tmp_path, monkeypatch):
     done = []
     for _ in range(4):
         clock = Clock(1.0)
-        monkeypatch.setattr(loop_module, "_now", clock)
+        use_clock(monkeypatch, clock)
         result = train(Watson(), data, cfg, run, resume=run.exists(), objective=clock.objective,
                        progress=False)  # fmt: skip
         done.append((result.iterations, result.message))
     # 12 steps of 1 s fill 12 s; then 12 more; then the 30 s total leaves 6; then none
     assert [n for n, _ in done] == [12, 24, 30, 30]
-    assert "wall-clock budget of 0.2" in done[0][1] and "total budget of 0.5" in done[2][1]
+    assert "budget of 0.2 cpu min" in done[0][1] and "total budget of 0.5" in done[2][1]
+
+
+def test_cpu_budget_does_not_depend_on_the_load(tmp_path, monkeypatch):
+    # catches: a budget that counts wall-clock time by default (on a busy machine, where the
+    # process gets half a core, a step takes twice the wall time and the budget would buy
+    # half the steps), or the CPU time of a second thread not being charged
+    data, steps = dataset(50), {}
+    # (wall seconds a step, CPU seconds per wall second, clock of the budget)
+    for name, wall, cpu_per_wall, kind in (("idle", 1.0, 1.0, "cpu"), ("busy", 2.0, 0.5, "cpu"),
+                                           ("two-threads", 0.5, 4.0, "cpu"),
+                                           ("busy-wall", 2.0, 0.5, "wall")):  # fmt: skip
+        clock = Clock(wall)
+        use_clock(monkeypatch, clock, cpu_per_wall)
+        cfg = config(iterations=1000, budget_minutes=0.2, clock=kind)
+        result = train(Watson(), data, cfg, tmp_path / name, objective=clock.objective,
+                       progress=False)  # fmt: skip
+        steps[name] = result.iterations
+        assert result.cpu_seconds == pytest.approx(cpu_per_wall * result.wall_seconds)
+        assert load_checkpoint(tmp_path / name / "last.pt")["clock"] == kind
+    # 12 CPU s buy 12 steps of 1 CPU s, idle or busy; two threads spend 2 CPU s a step; a
+    # 12 s wall budget on the busy machine buys 6 steps of 2 s
+    assert steps == {"idle": 12, "busy": 12, "two-threads": 6, "busy-wall": 6}
+    with pytest.raises(ValueError, match="clock must be one of"):
+        config(clock="gpu")
 
 
 def test_progress_bar_counts_the_budget(tmp_path, monkeypatch, capsys):
     # catches: a budgeted run showing iterations out of an unreachable total (ETA of days),
     # and one whose iterations end first showing the budget's ETA
     clock = Clock(1.0)
-    monkeypatch.setattr(loop_module, "_now", clock)
+    use_clock(monkeypatch, clock)
     cfg = config(iterations=100_000, budget_minutes=0.25, log_every=1000)
     train(Watson(), dataset(50), cfg, tmp_path / "a", objective=clock.objective, progress=True)
     err = capsys.readouterr().err
-    assert "of 0.25 min or the iterations" in err and "it=15/100000" in err
+    assert "of 0.25 cpu min or the iterations" in err and "it=15/100000" in err
     assert "100%" in err  # the budget's end is the bar's end
     bar = loop_module._progress_bar(cfg, 7, None, "x", enabled=True)
     assert bar.total == 100_000 and bar.n == 7
@@ -350,11 +384,11 @@ def test_progress_bar_counts_the_budget(tmp_path, monkeypatch, capsys):
     # 10 iterations of 1 s against a budget of 15 s: the bar ends full (the budget's share
     # would be 67 %)
     clock = Clock(1.0)
-    monkeypatch.setattr(loop_module, "_now", clock)
+    use_clock(monkeypatch, clock)
     train(Watson(), dataset(50), cfg.replace(iterations=10), tmp_path / "b",
           objective=clock.objective, progress=True)  # fmt: skip
     err = capsys.readouterr().err
-    assert "100%|██████████| of 0.25 min" in err and "it=10/10" in err
+    assert "100%|██████████| of 0.25 cpu min" in err and "it=10/10" in err
 
 
 class InfOnVal(Watson):

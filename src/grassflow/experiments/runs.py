@@ -192,15 +192,29 @@ def load_trained(
 
 
 def training_status(run_dir: str | Path) -> dict[str, Any]:
-    """What the run has trained: ``iterations``, ``trained_minutes`` (summed over
-    invocations) and ``spent_total_budget`` (see ``TrainConfig.total_budget_minutes``);
-    zeros and None for a run that has no ``last.pt`` yet."""
+    """What the run has trained, summed over invocations: ``iterations``,
+    ``trained_minutes`` (training on the budget's clock), ``cpu_minutes`` and ``wall_minutes``
+    (training), ``val_cpu_minutes`` and ``val_wall_minutes`` (validation), ``clock``,
+    ``threads`` (of the last invocation) and ``spent_total_budget`` (see
+    ``TrainConfig.total_budget_minutes``); zeros and None for a run without ``last.pt`` yet.
+    Checkpoints from before CPU budgets give their wall minutes (validation included) as
+    every training figure, and None for the rest."""
     path = Path(run_dir) / "last.pt"
     if not path.exists():
-        return {"iterations": 0, "trained_minutes": 0.0, "spent_total_budget": None}
+        return {"iterations": 0, "trained_minutes": 0.0, "cpu_minutes": 0.0,
+                "wall_minutes": 0.0, "val_cpu_minutes": 0.0, "val_wall_minutes": 0.0,
+                "clock": None, "threads": None, "spent_total_budget": None}  # fmt: skip
     ckpt = load_checkpoint(path, required=("iteration",))
+    elapsed = float(ckpt.get("elapsed", 0.0))
+    minutes = lambda key, old: None if ckpt.get(key, old) is None else ckpt.get(key, old) / 60
     return {
         "iterations": int(ckpt["iteration"]),
-        "trained_minutes": float(ckpt.get("elapsed", 0.0)) / 60,
+        "trained_minutes": elapsed / 60,
+        "cpu_minutes": minutes("cpu_s", elapsed),
+        "wall_minutes": minutes("wall_s", elapsed),
+        "val_cpu_minutes": minutes("val_cpu_s", None),
+        "val_wall_minutes": minutes("val_wall_s", None),
+        "clock": ckpt.get("clock", "wall"),
+        "threads": ckpt.get("threads"),
         "spent_total_budget": ckpt.get("spent_total_budget"),
     }

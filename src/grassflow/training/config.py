@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from .clock import CLOCKS
+
 __all__ = ["PAPER_TEXTURES", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_device", "resolve_dtype"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -55,18 +57,23 @@ class TrainConfig:
         val_doubling_from: also evaluate it at iterations n, 2n, 4n, 8n, ... for this n; catches
             an early optimum (e.g. before a small dataset is overfitted) at little cost. None =
             off.
-        val_every_minutes: also evaluate it whenever this much wall-clock time has passed since
-            the end of the last evaluation, or as long as that evaluation took if longer, so
-            these evaluations never take more than half the time (suits budgeted runs whose
-            pace is unknown); None = off. Which iterations get validated then depends on the
-            machine, so ``best.pt`` can too.
+        val_every_minutes: also evaluate it whenever this many minutes of training (on
+            ``clock``) have passed since the last evaluation, or as many as that evaluation
+            took if more, so these evaluations never take more than half the time (suits
+            budgeted runs whose pace is unknown); None = off. Which iterations get validated
+            then depends on the processor's speed (with ``clock="wall"``, on the load too), so
+            ``best.pt`` can too.
         checkpoint_every: write ``last.pt`` every this many iterations.
-        budget_minutes: wall-clock budget of one invocation; None = unlimited. Each rerun
-            with ``resume=True`` trains for up to this long again (e.g. one SLURM allocation).
-        total_budget_minutes: wall-clock budget of the whole run, summed over invocations;
-            None = unlimited. A run stopped by it records so in ``last.pt``, and a rerun with
-            the same or a smaller total trains no further, whatever the machine's speed; a
-            larger total continues it. Sweeps use this one.
+        budget_minutes: training budget of one invocation, in minutes of ``clock``; None =
+            unlimited. Each rerun with ``resume=True`` trains for up to this long again (e.g.
+            one SLURM allocation). Validation is not charged to it (it is timed apart).
+        total_budget_minutes: training budget of the whole run, summed over invocations, in
+            minutes of ``clock``; None = unlimited. A run stopped by it records so in
+            ``last.pt``, and a rerun with the same or a smaller total trains no further,
+            whatever the machine's speed; a larger total continues it. Sweeps use this one.
+        clock: what the budgets count: ``"cpu"``, this process's CPU time (all its threads;
+            per rank under torchrun), which other jobs on the machine do not change, or
+            ``"wall"``, wall-clock time (see :mod:`.clock`).
         device: ``"auto"`` (cuda if available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         dtype: ``"float32"`` or ``"float64"``; model and data are cast to it.
     """
@@ -87,6 +94,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     budget_minutes: float | None = None
     total_budget_minutes: float | None = None
+    clock: str = "cpu"
     device: str = "auto"
     dtype: str = "float32"
 
@@ -123,6 +131,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not (_is_real(value) and value > 0):
                 raise ValueError(f"{name} must be > 0 or None, got {value!r}")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.device, str):

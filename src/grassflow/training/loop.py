@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from . import distributed as dd
 from .batches import Sampler, check_points, make_batches, model_manifold
 from .checkpoint import atomic_save, write_json
+from .clock import Stopwatch
 from .config import TrainConfig, resolve_device, resolve_dtype
 from .metrics import MetricsLog, make_record
 from .objectives import Objective, nll_objective
@@ -33,9 +34,6 @@ from .state import TrainState, load_last, make_optimizer, save_last
 __all__ = ["TrainResult", "TrainingDiverged", "train"]
 
 logger = logging.getLogger(__name__)
-
-# the clock, a module attribute so tests can replace it instead of sleeping
-_now = time.monotonic
 
 Callback = Callable[[int, nn.Module, dict], None]
 
@@ -125,21 +123,22 @@ def train(
     if main:
         write_json(config.replace(device=str(device)).to_dict(), run_dir / "config.json")
         metrics = MetricsLog(run_dir / "metrics.jsonl", keep_until=state.iteration)
-    start_iteration, t0 = state.iteration, _now()
+    kind, threads = config.clock, torch.get_num_threads()
+    start_iteration, start_s = state.iteration, state.train.seconds(kind)
     budget_s, by_total = _invocation_limit(config, state)
     val_period_s = None if config.val_every_minutes is None else 60.0 * config.val_every_minutes
-    clock = None  # with several ranks: the slowest rank's seconds since t0 (see below)
+    synced = None  # with several ranks: the slowest rank's training seconds since start_s
     sync_clock = parallel and (budget_s is not None or val_period_s is not None)
-    # time-based validation waits val_period_s after the end of the last one, or as long as
-    # that one took if longer: validation then never takes more than half the time
-    last_val_s, val_wait_s, last_val_cost = state.elapsed, val_period_s, 0.0
+    # time-based validation waits val_period_s of training after the last one, or as long
+    # as that one took if longer: validation then never takes more than half the time
+    last_val_s, val_wait_s = start_s, val_period_s
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
     def since_start() -> float:
-        return _now() - t0 if clock is None else clock
+        return state.train.seconds(kind) - start_s if synced is None else synced
 
-    def elapsed() -> float:
-        return state.elapsed + since_start()
+    def elapsed() -> float:  # training seconds of the run on the budget clock
+        return start_s + since_start()
 
     def result(stopped: str, message: str) -> TrainResult:
         return TrainResult(
@@ -150,6 +149,11 @@ def train(
             stopped=stopped,
             elapsed=elapsed(),
             run_dir=run_dir,
+            cpu_seconds=state.train.seconds("cpu"),
+            wall_seconds=state.train.seconds("wall"),
+            val_cpu_seconds=state.val.seconds("cpu"),
+            val_wall_seconds=state.val.seconds("wall"),
+            threads=threads,
             message=message,
         )
 
@@ -172,21 +176,22 @@ def train(
             raise diverged("parameters", float("nan"), state.iteration)
         rng_ranks = dd.all_gather_objects(capture_rng_state()) if parallel else None
         if main:
-            save_last(last_path, state, elapsed(), config, model, optimizer, scheduler, stream,
-                      rng_ranks)  # fmt: skip
+            save_last(last_path, state, config, model, optimizer, scheduler, stream, rng_ranks)
         state.saved_iteration = state.iteration
 
     def validate(done: int) -> float:
-        nonlocal last_val_s, val_wait_s, last_val_cost, clock
-        start = elapsed()
-        with isolated_rng(derive_seed(config.seed, "validation"), device):
+        nonlocal last_val_s, val_wait_s
+        start = state.val.seconds(kind)
+        with paused(state.train), state.val, isolated_rng(
+            derive_seed(config.seed, "validation"), device
+        ):
             val_nll = distributed_mean_nll(model, val_data, config.batch_size)
+        cost = state.val.seconds(kind) - start
         if sync_clock:
-            clock = dd.max_over_ranks(_now() - t0)
+            cost = dd.max_over_ranks(cost)
         last_val_s = elapsed()
-        last_val_cost = last_val_s - start
         if val_period_s is not None:
-            val_wait_s = max(val_period_s, last_val_cost)
+            val_wait_s = max(val_period_s, cost)
         if not math.isfinite(val_nll):  # a model that gives up on held-out data has diverged
             raise diverged("validation NLL", val_nll, done)
         if state.best_val is None or val_nll < state.best_val:
@@ -199,7 +204,7 @@ def train(
     if budget_s is not None and budget_s <= 0 and state.iteration < config.iterations:
         message = (
             f"total budget of {config.total_budget_minutes:g} min already spent "
-            f"({state.elapsed / 60:.2f} min, {state.iteration} iterations): nothing to train; "
+            f"({elapsed() / 60:.2f} {kind} min, {state.iteration} iterations): nothing to train; "
             "raise total_budget_minutes to continue"
         )
         logger.info(message)
@@ -207,6 +212,7 @@ def train(
     state.spent_total_budget = None  # set again if this invocation's total budget runs out
     bar = _progress_bar(config, state.iteration, budget_s, run_dir.name, progress and main)
     stopped, message = "done", ""
+    state.train.start()
     try:
         while state.iteration < config.iterations:
             batch = stream.batch(state.iteration)
@@ -233,15 +239,13 @@ def train(
             state.last_loss = loss_value
             done, last = state.iteration, state.iteration == config.iterations
             if sync_clock:  # time-based decisions must agree, or the ranks part ways
-                clock = dd.max_over_ranks(_now() - t0)
+                synced = dd.max_over_ranks(state.train.seconds(kind) - start_s)
 
-            # stop if one more step (at the mean pace) and the final validation (as long as the
-            # last one took) would overrun the budget
+            # stop if one more step, at the mean pace, would overrun the budget
             out_of_budget = (
                 budget_s is not None
                 and not last
-                and since_start() * (1 + 1 / (done - start_iteration)) + last_val_cost
-                > budget_s
+                and since_start() * (1 + 1 / (done - start_iteration)) > budget_s
             )
             final = last or out_of_budget  # always log and validate the final iteration
             log_due = done % config.log_every == 0 or final
@@ -253,6 +257,8 @@ def train(
             )
             if log_due or val_due:
                 record = make_record(done, loss_value, stats, lr, grad_norm, elapsed())
+                record["cpu_s"] = state.train.seconds("cpu")
+                record["wall_s"] = state.train.seconds("wall")
                 if val_due:
                     record["val_nll"] = validate(done)
                     # how hard the flow is to integrate: NFE of the last validation chunk
@@ -260,7 +266,9 @@ def train(
                 if metrics is not None:
                     metrics.append(record)
                 if callback is not None:
-                    with isolated_rng(derive_seed(config.seed, "callback", done), device):
+                    with paused(state.train), isolated_rng(
+                        derive_seed(config.seed, "callback", done), device
+                    ):
                         callback(done, model, record)
             if budget_s is None:
                 bar.update(1)
@@ -280,16 +288,18 @@ def train(
             if out_of_budget:
                 stopped = "budget"
                 which = (f"total budget of {config.total_budget_minutes:g}" if by_total
-                         else f"wall-clock budget of {config.budget_minutes:g}")  # fmt: skip
+                         else f"budget of {config.budget_minutes:g}")  # fmt: skip
                 message = (
-                    f"{which} min reached at iteration {done}/{config.iterations} "
-                    f"({elapsed() / 60:.2f} min trained); saved {last_path}; "
+                    f"{which} {kind} min reached at iteration {done}/{config.iterations} "
+                    f"({elapsed() / 60:.2f} {kind} min trained, {threads} thread(s)); "
+                    f"saved {last_path}; "
                     "rerun with resume=True (and a larger budget) to continue"
                 )
                 break
         else:
             message = f"done: {state.iteration}/{config.iterations} iterations"
     finally:
+        state.train.stop()
         bar.close()
     dd.barrier()  # rank 0's files are complete when train returns on any rank
     if progress and main:
@@ -306,7 +316,7 @@ def _invocation_limit(config: TrainConfig, state: TrainState) -> tuple[float | N
     if total is None:
         return budget_s, False
     spent = state.spent_total_budget is not None and total <= state.spent_total_budget
-    left_s = 0.0 if spent else 60.0 * total - state.elapsed
+    left_s = 0.0 if spent else 60.0 * total - state.train.seconds(config.clock)
     if budget_s is not None and budget_s < left_s:
         return budget_s, False
     return left_s, True
@@ -315,13 +325,13 @@ def _invocation_limit(config: TrainConfig, state: TrainState) -> tuple[float | N
 def _progress_bar(
     config: TrainConfig, iteration: int, limit_s: float | None, name: str, enabled: bool
 ) -> tqdm:
-    """Counts iterations; when a wall-clock budget bounds the run, the share (in permille) of
+    """Counts iterations; when a budget bounds the run, the share (in permille) of
     the budget or of the iterations done, whichever is ahead, so that the ETA is the end of
     whichever comes first rather than that of ``config.iterations`` alone."""
     common = {"disable": not enabled, "desc": name, "dynamic_ncols": True}
     if limit_s is None:
         return tqdm(total=config.iterations, initial=iteration, **common)
-    budget = f"{limit_s / 60:.3g} min"
+    budget = f"{limit_s / 60:.3g} {config.clock} min"
     return tqdm(
         total=1000.0,
         bar_format="{desc}: {percentage:3.0f}%|{bar}| of " + budget + " or the iterations "
@@ -343,3 +353,15 @@ def _postfix(loss: float, stats: dict, lr: float, best_val: float | None) -> dic
     if best_val is not None:
         postfix["best_val"] = f"{best_val:.4f}"
     return postfix
+
+
+@contextmanager
+def paused(watch: Stopwatch) -> Iterator[None]:
+    """Stop ``watch`` for the block (validation and callbacks are not training)."""
+    running = watch.running
+    watch.stop()
+    try:
+        yield
+    finally:
+        if running:
+            watch.start()

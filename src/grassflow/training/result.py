@@ -18,9 +18,13 @@ class TrainResult:
         best_val: best validation NLL so far (None without validation data).
         best_iteration: iteration of ``best_val``.
         stopped: ``"done"``, ``"budget"`` (resume later) or ``"diverged"``.
-        elapsed: training wall-clock seconds, summed over invocations.
+        elapsed: training seconds on the config's budget clock (validation excluded),
+            summed over invocations.
         run_dir: the run directory.
         message: one human-readable line.
+        cpu_seconds, wall_seconds: training CPU and wall seconds, summed over invocations.
+        val_cpu_seconds, val_wall_seconds: the same for validation.
+        threads: torch intra-op threads of this invocation.
     """
 
     iterations: int
@@ -31,6 +35,11 @@ class TrainResult:
     elapsed: float
     run_dir: Path
     message: str
+    cpu_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    val_cpu_seconds: float = 0.0
+    val_wall_seconds: float = 0.0
+    threads: int = 1
 
 
 class TrainingDiverged(RuntimeError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -11,6 +11,7 @@ from torch import nn
 
 from .batches import BatchStream
 from .checkpoint import FORMAT_VERSION, CheckpointError, atomic_save, load_checkpoint
+from .clock import Stopwatch
 from .config import TrainConfig
 from .rng import capture_rng_state, derive_seed, restore_rng_state, seed_all
 
@@ -29,7 +30,8 @@ class TrainState:
         iteration: optimizer steps done.
         last_loss: loss of the latest step.
         best_val, best_iteration: best validation NLL and when it was reached.
-        elapsed: training seconds of earlier invocations.
+        train, val: CPU and wall seconds of training (validation excluded) and of
+            validation, summed over invocations; ``train`` runs while the loop trains.
         saved_iteration: iteration stored in ``last.pt`` (None if not written yet).
         spent_total_budget: the ``total_budget_minutes`` that stopped the run, if it did; a
             rerun with a total no larger than this trains no further.
@@ -39,7 +41,8 @@ class TrainState:
     last_loss: float | None = None
     best_val: float | None = None
     best_iteration: int | None = None
-    elapsed: float = 0.0
+    train: Stopwatch = field(default_factory=Stopwatch)
+    val: Stopwatch = field(default_factory=Stopwatch)
     saved_iteration: int | None = None
     spent_total_budget: float | None = None
 
@@ -65,7 +68,6 @@ def make_optimizer(
 def save_last(
     path: Path,
     state: TrainState,
-    elapsed: float,
     config: TrainConfig,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -85,7 +87,11 @@ def save_last(
             "last_loss": state.last_loss,
             "best_val": state.best_val,
             "best_iteration": state.best_iteration,
-            "elapsed": elapsed,
+            # training seconds on the budget clock, then both clocks and validation's
+            "elapsed": state.train.seconds(config.clock),
+            "clock": config.clock,
+            **_times(state),
+            "threads": torch.get_num_threads(),
             "spent_total_budget": state.spent_total_budget,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -162,7 +168,15 @@ def load_last(
         last_loss=ckpt.get("last_loss"),
         best_val=ckpt.get("best_val"),
         best_iteration=ckpt.get("best_iteration"),
-        elapsed=float(ckpt.get("elapsed", 0.0)),
+        # checkpoints before CPU budgets hold wall seconds, validation included, as elapsed
+        train=Stopwatch(float(ckpt.get("cpu_s", ckpt.get("elapsed", 0.0))),
+                        float(ckpt.get("wall_s", ckpt.get("elapsed", 0.0)))),  # fmt: skip
+        val=Stopwatch(float(ckpt.get("val_cpu_s", 0.0)), float(ckpt.get("val_wall_s", 0.0))),
         saved_iteration=int(ckpt["iteration"]),
         spent_total_budget=ckpt.get("spent_total_budget"),
     )
+
+
+def _times(state: TrainState) -> dict[str, float]:
+    return {"cpu_s": state.train.seconds("cpu"), "wall_s": state.train.seconds("wall"),
+            "val_cpu_s": state.val.seconds("cpu"), "val_wall_s": state.val.seconds("wall")}
