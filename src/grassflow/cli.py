@@ -33,12 +33,20 @@ def _add_particle_data_options(g) -> None:
 
 def _add_train_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("overrides of the preset (paper values by default)")
-    g.add_argument("--budget-minutes", type=float, help="wall-clock budget of this invocation")
+    g.add_argument(
+        "--budget-minutes", type=float,
+        help="training budget of this invocation, in CPU minutes of this process (--clock "
+             "wall: wall-clock minutes); validation and evaluation are not charged to it. With "
+             "--data it covers both parts: the Gram density gets 10%% of it, at most 1 min",
+    )
+    g.add_argument("--clock", choices=("cpu", "wall"),
+                   help="what budgets count: CPU time (default; the same on a busy machine) or "
+                        "wall-clock time")  # fmt: skip
     g.add_argument(
         "--iterations", type=int,
         help="total optimizer steps of the run (across resumes); training stops at this count "
-             "or at the wall-clock budget, whichever comes first. With a generous budget the "
-             "amount of training, and the result, do not depend on the machine's speed",
+             "or at the budget, whichever comes first. With a generous budget the amount of "
+             "training, and the result, do not depend on the machine's speed",
     )
     g.add_argument("--batch-size", type=int)
     g.add_argument("--lr", type=float)
@@ -71,6 +79,7 @@ MODEL_FIELDS = ("objective", "divergence", "method", "atol", "rtol", "sigma")
 def _apply_overrides(exp, args):
     train_fields = {
         "budget_minutes": args.budget_minutes,
+        "clock": args.clock,
         "iterations": args.iterations,
         "batch_size": args.batch_size,
         "lr": args.lr,
@@ -134,7 +143,10 @@ def _particle_experiment(args):
 def _shape_experiment(args):
     from .experiments import shapes
 
-    flow = {"budget_minutes": args.budget_minutes, "iterations": args.iterations,
+    flow_minutes = gram_minutes = None
+    if args.budget_minutes is not None:  # the budget covers both parts
+        flow_minutes, gram_minutes = shapes.split_budget(args.budget_minutes)
+    flow = {"budget_minutes": flow_minutes, "iterations": args.iterations, "clock": args.clock,
             "batch_size": args.batch_size, "lr": args.lr, "grad_clip": args.grad_clip,
             "seed": args.seed, "device": args.device}  # fmt: skip
     exp = shapes.ShapeExperiment(data=args.data, key=args.key, potential=args.potential,
@@ -143,7 +155,8 @@ def _shape_experiment(args):
     changes = {k: getattr(args, k) for k in ("atol", "rtol") if getattr(args, k) is not None}
     exp = dataclasses.replace(exp, **changes)
     exp.flow = exp.flow.replace(**{k: v for k, v in flow.items() if v is not None})
-    gram = {"iterations": args.gram_iterations, "seed": args.seed, "device": args.device}
+    gram = {"iterations": args.gram_iterations, "budget_minutes": gram_minutes,
+            "clock": args.clock, "seed": args.seed, "device": args.device}  # fmt: skip
     exp.gram = exp.gram.replace(**{k: v for k, v in gram.items() if v is not None})
     return exp
 
@@ -328,7 +341,7 @@ def cmd_reproduce_vs_enf(args) -> None:
                                 gram_max_minutes=args.gram_max_minutes)  # fmt: skip
     vs_enf.sweep(
         tuple(args.systems), tuple(args.n_train), tuple(args.seeds), args.minutes, args.runs,
-        args.out, base=base, threads=args.threads, progress=not args.no_progress,
+        args.out, base=base, progress=not args.no_progress,
         force=args.force,
     )  # fmt: skip
     for system in args.systems:
@@ -370,14 +383,25 @@ def _debug_option(parser: argparse.ArgumentParser, default) -> None:
     )
 
 
+def _threads_option(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument(
+        "--threads", default=default, metavar="N|auto",
+        help="torch intra-op threads per process; auto (default): 1, or $GRASSFLOW_THREADS. "
+             "One thread does the most work per CPU second and does not stall when the "
+             "machine is busy; more threads speed up large models on an idle machine",
+    )  # fmt: skip
+
+
 class _Subcommands:
-    """``add_parser`` that also accepts the global ``--debug`` after the subcommand."""
+    """``add_parser`` that also accepts the global ``--debug`` and ``--threads`` after the
+    subcommand."""
 
     def __init__(self, action):
         self.action = action
         self.common = argparse.ArgumentParser(add_help=False)
-        # SUPPRESS: a subcommand without --debug leaves the top-level value alone
+        # SUPPRESS: a subcommand without the option leaves the top-level value alone
         _debug_option(self.common, argparse.SUPPRESS)
+        _threads_option(self.common, argparse.SUPPRESS)
 
     def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
         return self.action.add_parser(name, parents=[self.common], **kwargs)
@@ -393,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="grassflow", description="Continuous normalizing flows on Grassmann manifolds."
     )
     _debug_option(parser, False)
+    _threads_option(parser, "auto")
     sub = _Subcommands(parser.add_subparsers(dest="command", required=True))
 
     p = sub.add_parser("demo", help="train on a texture for ~3 minutes, plot, print NLLs")
@@ -528,7 +553,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
     p.add_argument("--tol", type=float, default=1e-4,
                    help="ODE atol = rtol of validation and of the test NLL (E-NF's: 1e-4)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (the anchors: 1)")
     p.add_argument("--gram-components", type=int, default=1,
                    help="Wishart mixture components of the Gram density")
     p.add_argument("--gram-fraction", type=float, default=0.1,
@@ -587,9 +611,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     from .training import TrainingDiverged
     from .training import distributed as dd
+    from .training.threads import set_threads
 
     args = build_parser().parse_args(argv)
     try:
+        set_threads(args.threads)
         dd.init()  # under `torchrun --nproc_per_node N`: join the job (a no-op otherwise)
         with dd.quiet_unless_main():
             args.func(args)

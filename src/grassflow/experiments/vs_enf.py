@@ -12,7 +12,8 @@ run trains a :class:`~grassflow.flows.ShapeFlow` in two resumable stages
   ``minutes``, so a larger budget continues the run and the same one trains nothing more.
 * Tolerance: one ``tol`` (atol = rtol; default 1e-4, E-NF's) for the validation that selects
   checkpoints and for the test NLL; ``eval.json`` records it.
-* Threads: :func:`sweep` runs on ``threads`` torch threads (default 1, like the anchors).
+* Threads: :func:`sweep` runs on torch's current thread count (the CLI's ``--threads``,
+  default 1, like the anchors), recorded in every row.
 
 Run directories ``<runs_dir>/<system>-<potential>-<objective>-n<n_train>-s<seed>`` hold
 ``experiment.json``, ``data.json``, ``flow/``, ``gram/`` and ``eval.json``.
@@ -30,14 +31,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.overlap import distinct_rows, novel_mask
 from ..data.particle_files import missing_files, shared_data_dir
 from ..data.shapes import helmert_basis
 from ..flows import POTENTIALS, ShapeFlow
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint
 from ..training.checkpoint import write_json
+from ..training.clock import Stopwatch
 from ..training.rng import seeded_init
 from .runs import claim_run_dir, data_identity, read_preset, training_status
-from .shapes import load_shape_flow, train_shape_flow
+from .shapes import load_shape_flow, split_budget, train_shape_flow
 
 __all__ = [
     "ANCHORS", "ENF_SPLITS", "ENFExperiment", "build_model", "evaluate",
@@ -96,9 +99,16 @@ def _data_dir(data_dir: str | Path | None) -> Path:
     return Path(data_dir) if data_dir is not None else shared / KLEIN_DIR
 
 
-def load_enf_splits(system: str, n_train: int, data_dir: str | Path | None = None) -> dict:
+def load_enf_splits(
+    system: str, n_train: int, data_dir: str | Path | None = None, dedup: bool = True
+) -> dict:
     """``{"train", "val", "test"}``: clouds ``(N, n, d)`` float64 as :data:`ENF_SPLITS` takes
-    them from the files in ``data_dir`` (default ``../shared/data/alt_klein2023_from_DEM``)."""
+    them from the files in ``data_dir`` (default ``../shared/data/alt_klein2023_from_DEM``).
+
+    ``dedup``: the training clouds are the distinct rows of the first ``n_train`` (first
+    occurrences, in order). DW4's training file repeats rows (30,091 distinct in 100,000), so
+    ``len(out["train"])`` can be far below ``n_train``. Validation and test rows are kept as
+    the anchors use them; see :func:`evaluate` for the test rows seen in training."""
     if system not in ENF_SPLITS:
         raise ValueError(f"system must be one of {tuple(ENF_SPLITS)}, got {system!r}")
     if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
@@ -111,8 +121,10 @@ def load_enf_splits(system: str, n_train: int, data_dir: str | Path | None = Non
         rows, end = np.load(folder / name, mmap_mode="r"), n_train if end is None else end
         if len(rows) < end:
             raise ValueError(f"{folder / name} has {len(rows)} rows; {split} needs {end}")
-        X = torch.tensor(np.asarray(rows[start:end], dtype=np.float64))
-        out[split] = X.reshape(-1, *SHAPES[system])
+        X = np.asarray(rows[start:end])
+        if split == "train" and dedup:
+            X = X[distinct_rows(X)]
+        out[split] = torch.tensor(X, dtype=torch.float64).reshape(-1, *SHAPES[system])
     return out
 
 
@@ -126,7 +138,7 @@ def isotropic_gaussian_nll(
     With n_train = 1,000: DW4 12.94 (the issue's 12.94), LJ13 38.59 (the issue's 38.67 is
     this Gaussian on test-file rows 1,000-2,000, ``split="val"``: 38.67; DW4 gives 12.94 on
     those rows too). The space is E-NF's: on the 39 raw coordinates LJ13 would give 40.24."""
-    X = load_enf_splits(system, n_train, data_dir)
+    X = load_enf_splits(system, n_train, data_dir, dedup=False)  # as the issue fitted it
     H = helmert_basis(SHAPES[system][0])
     x, y = ((H.mT @ (X[s] - X[s].mean(dim=-2, keepdim=True))).flatten(1) for s in ("train", split))
     D, sigma2 = x.shape[1], x.pow(2).mean()
@@ -211,8 +223,7 @@ class ENFExperiment:
     def budgets(self) -> tuple[float, float]:
         """``(flow, gram)`` total minutes: the Gram density gets ``min(gram_max_minutes,
         gram_fraction * minutes)`` (default min(1, 0.1 minutes)), the flow the rest."""
-        gram = min(self.gram_max_minutes, self.gram_fraction * self.minutes)
-        return self.minutes - gram, gram
+        return split_budget(self.minutes, self.gram_fraction, self.gram_max_minutes)
 
     def flow_config(self) -> TrainConfig:
         return TrainConfig(
@@ -277,10 +288,12 @@ def sample(run_dir: str | Path, n: int, seed: int = 0) -> np.ndarray:
 
 def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
     """Exact test NLL (nats per configuration, with SEM) of the run's best checkpoints, its
-    parts (``test_nll = grassmann + gram + jacobian``), each part's training, and the ODE
-    tolerance. Writes ``eval.json``; an existing one is returned instead if it evaluated the
-    run as it stands on the same test set (both parts' iterations and trained minutes, and
-    the test configurations' hash, unchanged)."""
+    parts (``test_nll = grassmann + gram + jacobian``), the same on the test configurations
+    that occur in no training or validation row (``test_nll_novel``), each part's training
+    (CPU and wall minutes, validation apart, threads), the evaluation's own minutes, and the
+    ODE tolerance. Writes ``eval.json``; an existing one is returned instead if it evaluated
+    the run as it stands on the same test set (both parts' iterations and trained minutes,
+    and the test configurations' hash, unchanged)."""
     run_dir, keys = Path(run_dir), ("iterations", "trained_minutes")
     exp = read_preset(run_dir, ENFExperiment.from_dict, "vs-enf")
     data = load_enf_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
@@ -293,25 +306,38 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
         ):
             return old
     _, model = load_run(run_dir)
-    with torch.no_grad():
+    with torch.no_grad(), Stopwatch() as watch:
         t = model.log_prob_terms(data["test"])
     nll = -t["log_prob"]
+    novel = torch.as_tensor(novel_mask(data["test"], data["train"], data["val"]))
     best = {p: run_dir / p / "best.pt" for p in status}
+    total = lambda key: sum(s[key] or 0.0 for s in status.values())
     result = {
         "system": exp.system, "model": exp.model, "n_train": exp.n_train, "seed": exp.seed,
+        "n_train_distinct": len(data["train"]),
         "potential": exp.potential, "objective": exp.objective, "budget_minutes": exp.minutes,
-        "n_test": len(nll), "test_hash": test_hash, "test_nll": nll.mean().item(),
-        "test_nll_sem": (nll.std() / len(nll) ** 0.5).item(),
+        "n_test": len(nll), "test_hash": test_hash, **_mean_sem(nll, "test_nll"),
         **{f"test_nll_{p}": -t[p].mean().item() for p in PARTS},
+        "n_test_novel": int(novel.sum()), **_mean_sem(nll[novel], "test_nll_novel"),
         "uniform_nll_grassmann": model.manifold.log_volume(), "atol": exp.tol, "rtol": exp.tol,
-        "iterations": status["flow"]["iterations"],
-        "train_minutes": sum(s["trained_minutes"] for s in status.values()),
+        "iterations": status["flow"]["iterations"], "clock": status["flow"]["clock"],
+        "threads": status["flow"]["threads"], "train_minutes": total("trained_minutes"),
+        **{f"train_{c}_minutes": total(f"{c}_minutes") for c in ("cpu", "wall")},
+        **{f"val_{c}_minutes": total(f"val_{c}_minutes") for c in ("cpu", "wall")},
+        "eval_cpu_minutes": watch.cpu / 60, "eval_wall_minutes": watch.wall / 60,
         **{f"{p}_{k}": s[k] for p, s in status.items() for k in keys},
         **{f"{p}_best_iteration": int(load_checkpoint(b)["iteration"]) if b.exists() else None
            for p, b in best.items()},
     }  # fmt: skip
     write_json(result, done)
     return result
+
+
+def _mean_sem(nll: torch.Tensor, name: str) -> dict:
+    """``{name: mean, name_sem: its standard error}`` (None for fewer than two values)."""
+    n = len(nll)
+    return {name: nll.mean().item() if n else None,
+            f"{name}_sem": (nll.std() / n**0.5).item() if n > 1 else None}  # fmt: skip
 
 
 def _key(r: dict) -> str:
@@ -323,37 +349,31 @@ def _key(r: dict) -> str:
 def sweep(
     systems: tuple[str, ...] = ("dw4", "lj13"), n_trains: tuple[int, ...] = (1000,),
     seeds: tuple[int, ...] = (0,), minutes: float = 7.0, runs_dir: str | Path = "runs/vs_enf",
-    out_dir: str | Path = "results", *, base: ENFExperiment | None = None, threads: int = 1,
+    out_dir: str | Path = "results", *, base: ENFExperiment | None = None,
     progress: bool = True, force: bool = False,
 ) -> list[dict]:  # fmt: skip
     """Train (or continue) and evaluate every (system, n_train, seed) run of ``base`` (its
-    potential, objective, widths, tolerance) at ``minutes``, on ``threads`` torch threads;
+    potential, objective, widths, tolerance) at ``minutes``, on the current torch threads;
     merge the rows, the isotropic Gaussian's and the anchors into ``out_dir/vs_enf.json``
     (key: system, model, n_train, budget, seed; rows of other systems, e.g. QM9, are kept)
     and write ``out_dir/vs_enf/<system>.md``. Returns this invocation's rows."""
     base = ENFExperiment() if base is None else base
     for system in systems:  # missing files or rows: fail before training anything
         load_enf_splits(system, max(n_trains), base.data_dir)
-    rows, old_threads = [], torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for system in systems:
-            for n in n_trains:
-                data = load_enf_splits(system, n, base.data_dir)
-                rows.append({"system": system, "model": "isotropic-gaussian", "n_train": n,
-                             "train_minutes": 0.0, "iterations": 0,
-                             **isotropic_gaussian_nll(system, n, base.data_dir)})  # fmt: skip
-                for seed in seeds:
-                    exp = dataclasses.replace(base, system=system, n_train=n, seed=seed,
-                                              minutes=minutes)  # fmt: skip
-                    run_dir = Path(runs_dir) / exp.run_name
-                    run(exp, run_dir, force=force, progress=progress, data=data)
-                    command = exp.command()
-                    rows.append({**evaluate(run_dir, data), "budget_minutes": minutes,
-                                 "threads": threads, "run_dir": str(run_dir),
-                                 "command": command})  # fmt: skip
-    finally:
-        torch.set_num_threads(old_threads)
+    rows = []
+    for system in systems:
+        for n in n_trains:
+            data = load_enf_splits(system, n, base.data_dir)
+            rows.append({"system": system, "model": "isotropic-gaussian", "n_train": n,
+                         "train_minutes": 0.0, "iterations": 0,
+                         **isotropic_gaussian_nll(system, n, base.data_dir)})  # fmt: skip
+            for seed in seeds:
+                exp = dataclasses.replace(base, system=system, n_train=n, seed=seed,
+                                          minutes=minutes)  # fmt: skip
+                run_dir = Path(runs_dir) / exp.run_name
+                run(exp, run_dir, force=force, progress=progress, data=data)
+                rows.append({**evaluate(run_dir, data), "budget_minutes": minutes,
+                             "run_dir": str(run_dir), "command": exp.command()})  # fmt: skip
     merge_rows(rows, out_dir)
     return rows
 
@@ -420,9 +440,15 @@ def _mean(rs: list[dict], key: str) -> float | None:
     return None if rs[0].get(key) is None else statistics.mean(r[key] for r in rs)
 
 
+def _seed_se(values: list[float]) -> float | None:
+    return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None
+
+
 def markdown_table(rows: list[dict], system: str) -> str:
     """``system``'s anchors, isotropic Gaussians and ours: one line per (model, n_train,
-    budget), mean ± SE over seeds (one seed: ± the test-set SEM) and the parts' means."""
+    budget) with the mean over seeds, the mean test-set SEM, the seed SE, the NLL on the
+    test configurations seen in no training or validation row, training CPU and wall
+    minutes, threads, iterations and the parts' means."""
     qm9 = system == "qm9"
     if qm9:
         space = (f"nats per molecule, Lebesgue measure on the 54 centred coordinates, on the "
@@ -432,15 +458,20 @@ def markdown_table(rows: list[dict], system: str) -> str:
     else:
         (n, d), test = SHAPES[system], ENF_SPLITS[system]["test"]
         space = (f"nats per configuration, Lebesgue measure on the {(n - 1) * d} CoM-free "
-                 f"coordinates, on `{test[0]}[:{test[2]}]`.")  # fmt: skip
-    extra = " JSD | broken |" if qm9 else ""
+                 f"coordinates, on `{test[0]}[:{test[2]}]`. Novel: the same NLL on the test "
+                 "configurations that occur in no training or validation row of the run "
+                 "(their number in brackets).")  # fmt: skip
+    extra = " JSD | broken |" if qm9 else " novel test NLL |"
     lines = [
-        f"**{system.upper()}**: exact Cartesian test NLL, {space} Minutes: training wall-clock "
-        "of both parts, validation included. Iterations: the flow's. Ours: mean ± SE over "
-        "seeds (one seed: ± the test-set SEM).", "",
-        "| model | n_train | budget (CPU min) | trained (min) | iterations | test NLL "
-        f"| Grassmann + Gram + Jacobian |{extra} seeds | note |",
-        "|---|---|---|---|---|---|---|" + "---|" * (2 * qm9) + "---|---|",
+        f"**{system.upper()}**: exact Cartesian test NLL, {space} Budget and CPU: training CPU "
+        "minutes of both parts (rows before CPU budgets: wall minutes, validation included); "
+        "wall: their wall minutes; validation and evaluation are not included. n_train: rows "
+        "asked for (distinct rows used). Iterations: the flow's. Test NLL: mean over seeds; "
+        "SEM: the test-set standard error (mean over seeds); seed SE: the standard error over "
+        "seeds.", "",
+        "| model | n_train | budget (CPU min) | CPU min | wall min | threads | iterations "
+        f"| test NLL | SEM | seed SE |{extra} Grassmann + Gram + Jacobian | seeds | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * qm9 + "---|---|---|",
     ]  # fmt: skip
     groups: dict[tuple, list[dict]] = {}
     for r in (r for r in rows if r["system"] == system):
@@ -449,21 +480,29 @@ def markdown_table(rows: list[dict], system: str) -> str:
                        g[0][1], g[0][0], g[0][2] or 0)  # fmt: skip
     for (model, n_train, budget), rs in sorted(groups.items(), key=order):
         r0, k, ours = rs[0], len(rs), model.startswith("grassflow")
-        nlls = [r["test_nll"] for r in rs]
-        se = statistics.stdev(nlls) / k**0.5 if k > 1 else r0.get("test_nll_sem")
         its = sorted(r["iterations"] for r in rs) if ours else None
         parts = " + ".join(_fmt(_mean(rs, f"test_nll_{p}")) for p in PARTS)
         note = r0.get("note") or (f"ML variance {r0['sigma2']:.4f}" if "sigma2" in r0 else
-                                  f"{r0.get('threads')} thread(s), atol = rtol = {r0['atol']:g}")
+                                  f"atol = rtol = {r0['atol']:g}")  # fmt: skip
+        distinct = {r.get("n_train_distinct") for r in rs} - {None, n_train}
+        n_label = f"{n_train:,}" + "".join(f" ({d:,})" for d in sorted(distinct))
+        if qm9:
+            tail = "".join(f"{_fmt(_mean(rs, key), spec)} | " for key, spec in
+                           (("jsd", ".4f"), ("broken_fraction", ".3f")))  # fmt: skip
+        elif "test_nll_novel" in r0 and r0["test_nll_novel"] is not None:
+            tail = f"{_mean(rs, 'test_nll_novel'):.2f} ({r0['n_test_novel']:,}) | "
+        else:
+            tail = "– | "
+        cpu = _mean(rs, "train_cpu_minutes") if "train_cpu_minutes" in r0 else None
+        cpu = _mean(rs, "train_minutes") if ours and cpu is None else cpu
         lines.append(
-            f"| {'isotropic Gaussian (here)' if 'sigma2' in r0 else model} | {n_train:,} | "
-            f"{_fmt(budget, 'g')} | {_fmt(_mean(rs, 'train_minutes') if ours else None)} | "
+            f"| {'isotropic Gaussian (here)' if 'sigma2' in r0 else model} | {n_label} | "
+            f"{_fmt(budget, 'g')} | {_fmt(cpu)} | {_fmt(_mean(rs, 'train_wall_minutes'))} | "
+            f"{r0.get('threads') or '–'} | "
             f"{'–' if not its else f'{its[0]:,}' + (f'–{its[-1]:,}' if k > 1 else '')} | "
-            f"{_mean(rs, 'test_nll'):.2f}"
-            f"{'' if se is None else f' ± {se:.2f}'} | {parts if ours else '–'} | "
-            + "".join(f"{_fmt(_mean(rs, key), spec)} | " for key, spec in
-                      (("jsd", ".4f"), ("broken_fraction", ".3f")) if qm9)
-            + f"{k if ours else '–'} | {note} |"
+            f"{_mean(rs, 'test_nll'):.2f} | {_fmt(_mean(rs, 'test_nll_sem'))} | "
+            f"{_fmt(_seed_se([r['test_nll'] for r in rs]))} | {tail}"
+            f"{parts if ours else '–'} | {k if ours else '–'} | {note} |"
         )  # fmt: skip
     commands = dict.fromkeys(r["command"] for r in rows if r["system"] == system and "command" in r)
     return "\n".join([*lines, "", "Made by:", *[f"- `{c}`" for c in commands]]) + "\n"
