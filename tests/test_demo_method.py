@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from grassflow.cli import main
 
@@ -39,3 +40,21 @@ def test_demo_default_is_flow_matching_and_resumes(tmp_path, capsys):
     assert "resuming the demo run" in capsys.readouterr().out
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["iteration"] == 30
+
+
+def test_demo_does_not_depend_on_the_machines_pace(tmp_path, fixed_pace):
+    # catches: a time budget in the demo preset (a busy or slow machine then trains fewer
+    # iterations and draws another picture): the same command on a fast and on a 100x slower
+    # machine must train the same iterations to the same weights
+    from grassflow.experiments import textures as tx
+    from grassflow.training import load_checkpoint
+
+    assert tx.DEMO.train.budget_minutes is None and tx.DEMO_PAPER.train.budget_minutes is None
+    weights = []
+    for name, step in (("fast", 0.001), ("slow", 10.0)):  # 25 slow steps: 250 s > 3 min
+        fixed_pace(step)
+        assert main(["demo", "--out", str(tmp_path / name), "--iterations", "25",
+                     "--batch-size", "50", *FAST[:5]]) == 0  # fmt: skip
+        weights.append(load_checkpoint(tmp_path / name / "last.pt")["model"])
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -106,6 +106,12 @@ def _print_eval(result: dict) -> None:
     )
 
 
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def cmd_demo(args) -> None:
     from .experiments import textures as tx
     from .experiments import textures_figures as fig
@@ -117,10 +123,10 @@ def cmd_demo(args) -> None:
     if resume:
         print(f"resuming the demo run in {out} (delete it to start over)")
     print(f"method: GrCNF, {tx.describe(exp)}")
-    print(
-        f"training GrCNF on '{exp.dataset}' (Gr(1,3)) for {exp.train.iterations:,} iterations "
-        f"or {exp.train.budget_minutes:g} min, whichever comes first; run directory {out}"
-    )
+    budget = exp.train.budget_minutes
+    limit = "" if budget is None else f" or {budget:g} {exp.train.clock} min, whichever first"
+    print(f"training GrCNF on '{exp.dataset}' (Gr(1,3)) for {exp.train.iterations:,} iterations"
+          f"{limit}, {torch_threads()} thread(s); run directory {out}")
     tx.run(exp, out, resume=resume, progress=not args.no_progress)
     result = tx.evaluate(out)
     paths = fig.plot_run(out)
@@ -420,7 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     _threads_option(parser, "auto")
     sub = _Subcommands(parser.add_subparsers(dest="command", required=True))
 
-    p = sub.add_parser("demo", help="train on a texture for ~3 minutes, plot, print NLLs")
+    p = sub.add_parser("demo", help="train on a texture (25,000 iterations, ~3 CPU minutes), "
+                                    "plot, print NLLs")
     p.add_argument("--dataset", default="2spirals", choices=TEXTURES)
     p.add_argument("--out", default="runs/demo", help="run directory")
     p.add_argument("--preset", default="fourier", choices=("fourier", "paper"),
