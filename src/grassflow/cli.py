@@ -484,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/textures", help="figures and tables")
     p.add_argument("--runs", default="runs/textures", help="run directories (checkpoints)")
     p.add_argument("--budget-minutes-per-dataset", type=float, default=10.0,
-                   help="training minutes per dataset, in total over reruns")
+                   help="training CPU minutes per dataset, in total over reruns")
     p.add_argument("--datasets", nargs="+", default=list(TEXTURES), choices=TEXTURES)
     _add_texture_preset(p)
     _add_train_options(p)
@@ -493,11 +493,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(deletes them) instead of stopping with an error")
     p.set_defaults(func=cmd_reproduce_textures)
 
-    p = rep.add_parser("fm-vs-mle", help="test NLL against wall-clock, MLE vs flow matching")
+    p = rep.add_parser("fm-vs-mle", help="test NLL against training CPU time, MLE vs flow matching")
     p.add_argument("--out", default="results/fm_vs_mle")
     p.add_argument("--runs", default="runs/fm_vs_mle")
     p.add_argument("--budget-minutes-per-dataset", type=float, default=10.0,
-                   help="training minutes per objective and dataset, in total over reruns")
+                   help="training CPU minutes per objective and dataset, in total over reruns")
     p.add_argument("--datasets", nargs="+", default=list(TEXTURES), choices=TEXTURES)
     p.add_argument("--objectives", nargs="+", default=["mle", "fm"], choices=OBJECTIVE_NAMES,
                    help="objectives to compare (MLE is always the reference)")
@@ -514,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", nargs="+", type=int, help="training sizes (default: the paper's)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--budget", type=float, default=1.0,
-                   help="training minutes per run, in total over reruns (a larger one continues)")
+                   help="training CPU minutes per run, in total over reruns (a larger one continues)")
     p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
     p.add_argument("--prior", default="uniform", choices=("gaussian", "uniform"),
                    help="base distribution (the paper's is gaussian; see the README)")
@@ -533,9 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--potential", default="mlp", choices=("mlp", "graph"),
                    help="the GrCNF's: mlp (the paper's) or graph (invariant to relabelling "
                         "the atoms; its exact validation is far slower)")  # fmt: skip
-    p.add_argument("--budget", type=float, default=5.0, help="GrCNF training minutes")
+    p.add_argument("--budget", type=float, default=5.0, help="GrCNF training CPU minutes, in total over reruns")
     p.add_argument("--scale-budget", type=float, default=1.0,
-                   help="training minutes of each of the Gram density and the decoder")  # fmt: skip
+                   help="training CPU minutes of each of the Gram density and the decoder")  # fmt: skip
     p.add_argument("--cache-dir", default="data", help="where the processed QM9 split is cached")
     p.add_argument("--out", default="results/table2")
     p.add_argument("--summary", default="results",
@@ -554,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-train", nargs="+", type=int, default=[1000], help="training sizes")
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--minutes", type=float, default=7.0,
-                   help="training minutes per run, both parts, in total over reruns (a larger "
+                   help="training CPU minutes per run, both parts, in total over reruns (a larger "
                         "one continues the runs)")  # fmt: skip
     p.add_argument("--potential", default="graph", choices=("graph", "mlp"))
     p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)

@@ -1,4 +1,4 @@
-"""Test NLL against training wall-clock: maximum likelihood vs flow matching, in one run.
+"""Test NLL against training CPU time: maximum likelihood vs flow matching, in one run.
 
 Each objective trains the same GrCNF (same preset, seed and data stream) for the same budget.
 Snapshots of the parameters are taken at geometrically spaced times during training and

@@ -69,9 +69,9 @@ def paper_train_config(system: str, n_train: int, objective: str = "mle") -> Tra
 
     ``"mle"`` runs the paper's number of epochs. Flow-matching iterations cost about 1/100 of
     an MLE iteration, and the regression target is noisier, so FM objectives train until the
-    wall-clock budget instead (a 10^7-iteration cap) with a 10x larger learning rate.
+    CPU-time budget instead (a 10^7-iteration cap) with a 10x larger learning rate.
     Sizes outside the paper's table get 100 epochs at batch 100. Validation runs every
-    15 s of wall-clock and at the end, and for FM also at iterations 100, 200, 400, ...:
+    15 s of training CPU time and at the end, and for FM also at iterations 100, 200, 400, ...:
     at this learning rate FM overfits 100 LJ13 configurations within a few hundred
     iterations, and model selection on val NLL must be able to see that.
     """

@@ -83,7 +83,7 @@ class QM9Experiment:
         graph_hidden, layers: the graph potential's width and message-passing layers.
         chunk_size: molecules per exact-divergence ODE solve of the ShapeFlow's
             ``log_prob`` (bounds the memory of evaluation; the graph potential needs small).
-        flow_minutes: GrCNF training wall-clock (resumable).
+        flow_minutes: GrCNF training CPU minutes (resumable).
         scale_minutes: of each scale model, the Gram density and the paper's decoder.
         elbo_samples, iwae_samples: Haar draws per test molecule for the -ELBO (its
             expectation) and for the importance-weighted NLL of the paper's model.

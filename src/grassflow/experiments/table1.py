@@ -1,11 +1,11 @@
 """Paper Table 1: test NLL against training-set size on DW4 and LJ13, measured here.
 
 Every (system, protocol, objective, prior, source, size, seed) run has its own directory
-under ``runs_dir`` and a total wall-clock budget. A rerun continues unfinished runs where
+under ``runs_dir`` and a total CPU-time budget. A rerun continues unfinished runs where
 they stopped, trains finished ones no further (a larger budget continues them), and reuses
 an ``eval.json`` only if it evaluated the run as it stands. A directory holding another
 preset or other data stops the sweep with an error naming the difference, unless ``force``.
-Writes ``table1.json``, ``table1.md`` and ``table1_val.png`` (val NLL against wall-clock).
+Writes ``table1.json``, ``table1.md`` and ``table1_val.png`` (val NLL against training CPU time).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def reproduce(
 
     Args:
         sizes: training sizes per system; default the paper's (:data:`particles.SIZES`).
-        budget_minutes: training wall-clock per run, in total over invocations (the paper's
+        budget_minutes: training CPU minutes per run, in total over invocations (the paper's
             epochs may stop it earlier). A rerun with the same budget trains no further; a
             larger one continues every run.
         objective: ``"fm"`` by default: the paper's maximum likelihood (``"mle"``) costs
@@ -166,7 +166,7 @@ def markdown_table(result: dict) -> str:
 
 
 def plot_val_curves(rows: list[dict], path: Path) -> None:
-    """Val NLL against training wall-clock, one panel per (system, protocol)."""
+    """Val NLL against training CPU time, one panel per (system, protocol)."""
     panels = list(dict.fromkeys((r["system"], r["protocol"]) for r in rows))
     fig = Figure(figsize=(3.6 * len(panels), 3.2))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]

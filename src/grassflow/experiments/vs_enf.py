@@ -6,7 +6,7 @@ Lebesgue measure on the (n - 1) d CoM-free (Helmert) coordinates, nats per confi
 run trains a :class:`~grassflow.flows.ShapeFlow` in two resumable stages
 (:func:`.shapes.train_shape_flow`): the GrCNF on Gr(d, n - 1), then the Gram density.
 
-* Budget: ``minutes`` is the total training wall-clock of both parts, validation included;
+* Budget: ``minutes`` is the total training CPU time of both parts (validation apart);
   the Gram density gets ``min(gram_max_minutes, gram_fraction minutes)`` (default
   ``min(1, 0.1 minutes)``), the flow the rest. Both shares grow with
   ``minutes``, so a larger budget continues the run and the same one trains nothing more.
@@ -156,7 +156,7 @@ class ENFExperiment:
         system (``"dw4"``, ``"lj13"``), n_train (first rows of the train file), seed (initial
             weights and data order); potential: ``"graph"`` or ``"mlp"`` (the paper's);
             objective: the GrCNF's, ``"fm"``, ``"fm-ot"`` or ``"mle"``.
-        minutes: total training wall-clock of both parts (split: :meth:`budgets`).
+        minutes: total training CPU minutes of both parts (split: :meth:`budgets`).
         tol: the ODE's atol = rtol, of validation and of the test NLL.
         hidden, layers, gram_hidden, gram_layers, chunk_size: see :class:`ShapeFlow`.
         lr, batch_size: the flow's Adam (the Gram density's: 1e-3, 128).
