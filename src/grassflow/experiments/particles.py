@@ -40,7 +40,7 @@ from ..training import (
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
 from ..training.rng import seeded_init
-from .runs import claim_run_dir, data_identity, load_trained, training_status
+from .runs import TIMING_KEYS, claim_run_dir, data_identity, load_trained, training_status
 
 __all__ = [
     "PAPER_SCHEDULE",
@@ -265,6 +265,7 @@ def evaluate(run_dir: str | Path, data: dict | None = None, batch_size: int = 25
         "T": model.T.item(),
         "iterations": status["iterations"],
         "trained_minutes": status["trained_minutes"],
+        **{key: status[key] for key in TIMING_KEYS},
     }
     if dd.is_main():
         write_json(result, Path(run_dir) / "eval.json")

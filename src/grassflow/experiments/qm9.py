@@ -50,6 +50,7 @@ from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
 from ..training.checkpoint import write_json
 from ..training.rng import seeded_init
 from .runs import (
+    TIMING_KEYS,
     RunMismatch,
     checkpoint_path,
     claim_run_dir,
@@ -252,7 +253,8 @@ def sample_molecules(m: QM9Models, n: int, seed: int = 0, model: str = "exact") 
 
 def _status(run_dir: Path) -> dict:
     status = training_status(run_dir)
-    return {"minutes": status["trained_minutes"], "iterations": status["iterations"]}
+    return {"minutes": status["trained_minutes"], "iterations": status["iterations"],
+            **{key: status[key] for key in TIMING_KEYS}}  # fmt: skip
 
 
 def _mean_sem(name: str, x: Tensor) -> dict[str, float]:

@@ -33,6 +33,7 @@ __all__ = [
     "load_trained",
     "read_preset",
     "training_status",
+    "TIMING_KEYS",
 ]
 
 logger = logging.getLogger(__name__)
@@ -189,6 +190,11 @@ def load_trained(
     ckpt = load_checkpoint(checkpoint_path(run_dir, which), required=("model",))
     model.load_state_dict(ckpt["model"])
     return exp, model.eval()
+
+
+TIMING_KEYS = ("cpu_minutes", "wall_minutes", "val_cpu_minutes", "val_wall_minutes", "clock",
+               "threads")  # fmt: skip
+"""The keys of :func:`training_status` that results rows copy: how long, on what."""
 
 
 def training_status(run_dir: str | Path) -> dict[str, Any]:

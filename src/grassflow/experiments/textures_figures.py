@@ -15,7 +15,7 @@ from ..training import PAPER_TEXTURES
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
 from ..viz import SphereColumn, figure_antipodal, figure_prior_views, figure_textures
-from .runs import training_status
+from .runs import TIMING_KEYS, training_status
 from .textures import MMD_BANDWIDTH, TexturesExperiment, evaluate, load_run, run
 
 __all__ = ["markdown_table", "plot_prior", "plot_run", "reproduce"]
@@ -94,6 +94,7 @@ def reproduce(
         status = training_status(run_dir)
         row = evaluate(run_dir)
         row["train_minutes"], row["iterations"] = status["trained_minutes"], status["iterations"]
+        row.update({key: status[key] for key in TIMING_KEYS})
         rows.append(row)
         if not dd.is_main():  # under torchrun, rank 0 alone draws the pictures
             continue
