@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from scipy.spatial.distance import jensenshannon, pdist
 
 from grassflow.cli import main
 from grassflow.data.point_clouds import load_point_clouds, write_xyz
@@ -41,6 +42,40 @@ def test_npy_train_eval_sample_plot(tmp_path, capsys):
     parts = r["test_nll_grassmann"] + r["test_nll_gram"] + r["test_nll_jacobian"]
     assert r["test_nll"] == pytest.approx(parts, rel=1e-10) and math.isfinite(r["test_nll"])
     assert r["n_test"] == 8 and r["flow_iterations"] == 30 and r["gram_iterations"] == 30
+    # catches: train / val / test overlapping or not covering the data (a row is a cloud)
+    preset = shapes.ShapeExperiment.from_dict(exp)
+    splits = shapes.load_clouds(preset)
+    names = ("train", "val", "test")
+    sets = {s: {x.tobytes() for x in splits[s].numpy()} for s in names}
+    assert [len(sets[s]) for s in names] == [64, 8, 8]
+    assert not (sets["train"] & sets["val"] or sets["train"] & sets["test"]
+                or sets["val"] & sets["test"])  # fmt: skip
+    assert set().union(*sets.values()) == {x.tobytes() for x in np.load(tmp_path / "shapes.npy")}
+    # catches: the SEM not std / sqrt(N) and the NLL of other clouds: recomputed per cloud
+    _, model = shapes.load_run(run)
+    with torch.no_grad():
+        lp = model.log_prob(splits["test"]).numpy()
+    assert r["test_nll"] == pytest.approx(-lp.mean(), rel=1e-9)
+    assert r["test_nll_sem"] == pytest.approx(lp.std(ddof=1) / np.sqrt(8), rel=1e-6)
+    # catches: a JSD of other histograms or conventions: recomputed with numpy and scipy
+    # (the project's JSD is in nats: the square of scipy's Jensen-Shannon distance, base e)
+    X = np.load(run / "samples.npy")
+    a = np.concatenate([pdist(x) for x in X])
+    b = np.concatenate([pdist(x) for x in splits["test"].numpy()])
+    hi = 1.5 * np.quantile(b, 0.999)
+    p = np.histogram(np.clip(a, 0.0, hi), bins=100, range=(0.0, hi))[0]
+    q = np.histogram(b, bins=100, range=(0.0, hi))[0]
+    assert X.shape == (50, 5, 2)
+    assert r["distance_jsd"] == pytest.approx(jensenshannon(p, q) ** 2, rel=1e-6)
+    # catches: a checkpoint picked on other clouds than the validation split's: best.pt's
+    # val_nll is its weights' NLL on the val clouds (the flow: the first n_val_flow spans)
+    val, n_val = splits["val"], preset.n_val_flow
+    with torch.no_grad():
+        flow_nll = -model.flow.log_prob(model.factor(val[:n_val])[0]).mean()
+        gram_nll = -shapes.GramTerm(model).log_prob(val).mean()
+    for part, nll in (("flow", flow_nll), ("gram", gram_nll)):
+        best = torch.load(run / part / "best.pt", weights_only=False)
+        assert best["val_nll"] == pytest.approx(nll.item(), rel=1e-6), part
     # the same numbers again: evaluation is deterministic
     assert main(["eval", str(run), "--n-samples", "50"]) == 0
     assert json.loads((run / "eval.json").read_text()) == r
@@ -81,20 +116,26 @@ def test_xyz_folder_with_shared_labels(tmp_path):
 
 
 def test_bad_inputs_are_named(tmp_path, capsys):
-    # catches: a ragged, NaN or too-small input reaching the model as a silent wrong answer
+    # catches: a ragged, NaN or too-small input reaching the model as a silent wrong answer,
+    # each by its own message (a run directory of its own, so no later error stands in)
+    ragged = tmp_path / "ragged"
+    write_xyz(ragged / "a.xyz", clouds(3, 5, 3))
+    write_xyz(ragged / "b.xyz", clouds(3, 6, 3))
     cases = {
-        "nan.npy": np.where(np.arange(5)[None, :, None] == 2, np.nan, clouds(20, 5, 2)),
-        "small.npy": clouds(20, 3, 2),  # 3 points in 2-D: Gr(2, 2) does not exist
+        "nan.npy": "contain NaN or inf",
+        "small.npy": "n >= d + 2",  # 3 points in 2-D: Gr(2, 2) does not exist
+        "ragged": "ragged clouds",
+        "missing.npy": "no such file or folder",
     }
-    for name, X in cases.items():
-        np.save(tmp_path / name, X)
-        rc = main(["train", "--data", str(tmp_path / name), "--run-dir", str(tmp_path / name),
-                   *FAST])  # fmt: skip
-        assert rc == 2
-        assert name in capsys.readouterr().err
-    rc = main(["train", "--data", str(tmp_path / "missing.npy"), "--run-dir",
-               str(tmp_path / "r"), *FAST])  # fmt: skip
-    assert rc == 2 and "missing.npy" in capsys.readouterr().err
+    np.save(tmp_path / "nan.npy", np.where(np.arange(5)[None, :, None] == 2, np.nan,
+                                           clouds(20, 5, 2)))  # fmt: skip
+    np.save(tmp_path / "small.npy", clouds(20, 3, 2))
+    for name, message in cases.items():
+        run = tmp_path / f"run-{name}"
+        rc = main(["train", "--data", str(tmp_path / name), "--run-dir", str(run), *FAST])
+        err = capsys.readouterr().err
+        assert rc == 2 and name in err and message in err, (name, err)
+        assert not run.exists()  # refused before anything is written
     # a second train into the same run directory without --resume is refused
     np.save(tmp_path / "ok.npy", clouds(30, 5, 2))
     args = ["train", "--data", str(tmp_path / "ok.npy"), "--run-dir", str(tmp_path / "ok")]

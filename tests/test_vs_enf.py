@@ -7,6 +7,7 @@ skip without them; budgets are iteration caps or the ``fixed_pace`` clock, never
 import dataclasses
 import json
 import math
+import types
 
 import numpy as np
 import pytest
@@ -241,3 +242,76 @@ def test_cli_reaches_the_sweep(tmp_path, monkeypatch, capsys):
     assert c["base"] == vs_enf.ENFExperiment(system="dw4", n_train=1000)
     with pytest.raises(SystemExit):
         main(["reproduce", "vs-enf", "--potential", "transformer"])
+
+
+class _Status(dict):
+    """A training_status: unknown keys (e.g. a renamed clock field) read as 0.0."""
+
+    def __missing__(self, key):
+        return 0.0
+
+
+def test_eval_cache_needs_both_parts_unchanged(tmp_path, monkeypatch):
+    # catches: a stale eval.json reused when only one part is unchanged (`any` for `all`)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "experiment.json").write_text(json.dumps(vs_enf.ENFExperiment().to_dict()))
+    status = {"flow": _Status(iterations=100, trained_minutes=1.0),
+              "gram": _Status(iterations=20, trained_minutes=0.5)}  # fmt: skip
+    monkeypatch.setattr(vs_enf, "training_status", lambda path: _Status(status[path.name]))
+    evaluations = []
+
+    class Stub:  # a model whose NLL says how many times it was evaluated
+        manifold = types.SimpleNamespace(log_volume=lambda: 1.0)
+
+        def log_prob_terms(self, P):
+            evaluations.append(len(P))
+            lp = torch.full((len(P),), -float(len(evaluations)), dtype=P.dtype)
+            return {"log_prob": lp, "grassmann": lp, "gram": 0 * lp, "jacobian": 0 * lp}
+
+    monkeypatch.setattr(vs_enf, "load_run", lambda run_dir: (vs_enf.ENFExperiment(), Stub()))
+    data = {"test": torch.randn(6, 4, 2)}
+    assert vs_enf.evaluate(run_dir, data)["test_nll"] == 1.0
+    assert vs_enf.evaluate(run_dir, data)["test_nll"] == 1.0 and len(evaluations) == 1  # reused
+    status["flow"] = _Status(iterations=150, trained_minutes=1.5)  # the Gram part: unchanged
+    r = vs_enf.evaluate(run_dir, data)
+    assert len(evaluations) == 2 and r["test_nll"] == 2.0 and r["flow_iterations"] == 150
+    status["gram"] = _Status(iterations=40, trained_minutes=1.0)  # the flow part: unchanged
+    r = vs_enf.evaluate(run_dir, data)
+    assert len(evaluations) == 3 and r["test_nll"] == 3.0 and r["gram_iterations"] == 40
+    assert vs_enf.evaluate(run_dir, {"test": data["test"][:5]})["n_test"] == 5  # another set
+    assert json.loads((run_dir / "eval.json").read_text())["test_nll"] == 4.0
+
+
+def test_every_anchor_is_in_the_merged_rows_and_tables(tmp_path):
+    # catches: an ANCHORS row missing from vs_enf.json or its table, or with another number
+    rows = vs_enf.merge_rows([], tmp_path)
+    saved = json.loads((tmp_path / "vs_enf.json").read_text())
+    assert len(rows) == len(saved) == sum(len(t) for t in vs_enf.ANCHORS.values()) == 15
+    by_key = {(r["system"], r["model"], r["budget_minutes"]): r for r in saved}
+    expected = {
+        ("dw4", "E-NF", 7): 7.92, ("dw4", "E-NF", 20): 7.64, ("dw4", "E-NF (paper)", None): 8.15,
+        ("dw4", "Midgley et al. 2023", None): 8.71,
+        ("dw4", "isotropic Gaussian (issue 14)", None): 12.94,
+        ("dw4", "GrCNF (paper, Table 1)", None): -13.74,
+        ("lj13", "E-NF", 7): 31.85, ("lj13", "E-NF (paper)", None): 30.56,
+        ("lj13", "Midgley et al. 2023", None): 30.21,
+        ("lj13", "isotropic Gaussian (issue 14)", None): 38.67,
+        ("lj13", "GrCNF (paper, Table 1)", None): -58.02,
+        ("qm9", "E-NF (paper)", None): -70.2, ("qm9", "GrCNF (paper)", None): -85.3,
+        ("qm9", "Midgley et al. 2023", None): -136.3,
+        ("qm9", "equivariant CNF as diffusion (Midgley et al. 2023)", None): -128.5,
+    }  # fmt: skip
+    assert {k: r["test_nll"] for k, r in by_key.items()} == expected
+    assert by_key[("qm9", "E-NF (paper)", None)]["jsd"] == 0.006
+    assert by_key[("qm9", "GrCNF (paper)", None)]["jsd"] == 0.005
+    tables = {s: (tmp_path / "vs_enf" / f"{s}.md").read_text().splitlines() for s in vs_enf.SHAPES}
+    tables["qm9"] = (tmp_path / "vs_enf" / "qm9.md").read_text().splitlines()
+    for (system, model, budget), nll in expected.items():
+        n_train = "13,832" if system == "qm9" else "1,000"
+        head = f"| {model} | {n_train} | {'–' if budget is None else budget} | "
+        (line,) = [x for x in tables[system] if x.startswith(head)]  # one line per anchor
+        assert f" | {nll:.2f} | " in line and by_key[(system, model, budget)]["note"] in line
+    (enf,) = [x for x in tables["qm9"] if x.startswith("| E-NF (paper) |")]
+    (grcnf,) = [x for x in tables["qm9"] if x.startswith("| GrCNF (paper) |")]
+    assert " | 0.0060 | " in enf and " | 0.0050 | " in grcnf

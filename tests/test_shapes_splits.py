@@ -1,0 +1,149 @@
+"""Users' own clouds, quick checks: the split, what each training stage is fed, and the
+arithmetic of ``shapes.evaluate``. No real training: spies and a stub model stand in for it
+(the end-to-end run is in test_shapes_experiment.py, marked slow)."""
+
+import types
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.distance import jensenshannon, pdist
+
+from grassflow.experiments import shapes
+from grassflow.flows import ShapeFlow
+from grassflow.training import TrainConfig
+
+
+def clouds(N=40, n=4, d=2, scale=1.0, seed=0):
+    """N distinct random clouds (N, n, d), translated at random."""
+    rng = np.random.default_rng(seed)
+    return scale * rng.standard_normal((N, n, d)) + rng.standard_normal((N, 1, d))
+
+
+def rows(X) -> list[bytes]:
+    return [np.ascontiguousarray(x, dtype=np.float64).tobytes() for x in np.asarray(X)]
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    X = clouds()
+    path = tmp_path / "clouds.npy"
+    np.save(path, X)
+    return path, X
+
+
+def test_split_is_disjoint_seeded_and_covers_the_data(data_file):
+    # catches: test clouds in the training (or validation) split, clouds dropped or repeated
+    path, X = data_file
+    exp = shapes.ShapeExperiment(data=str(path))
+    s = shapes.load_clouds(exp)
+    assert [len(s[k]) for k in ("train", "val", "test")] == [32, 4, 4]
+    assert all(s[k].dtype == torch.float64 for k in ("train", "val", "test"))
+    train, val, test = (set(rows(s[k])) for k in ("train", "val", "test"))
+    assert len(train) == 32 and len(val) == 4 and len(test) == 4
+    assert not train & test and not train & val and not val & test
+    assert sorted(rows(torch.cat([s["train"], s["val"], s["test"]]))) == sorted(rows(X))
+    # the same seed gives the same split; another seed another one
+    again = shapes.load_clouds(exp)
+    assert all(torch.equal(again[k], s[k]) for k in ("train", "val", "test"))
+    other = shapes.load_clouds(shapes.ShapeExperiment(data=str(path), split_seed=1))
+    assert set(rows(other["test"])) != test
+
+
+def test_run_trains_on_train_and_validates_on_val(data_file, tmp_path, monkeypatch):
+    # catches: `run` handing the test (or training) clouds to training as train or val data
+    path, X = data_file
+    calls = []
+
+    def spy(model, train_clouds, val_clouds, run_dir, flow, gram, **kw):
+        calls.append((train_clouds.clone(), val_clouds.clone(), kw))
+
+    monkeypatch.setattr(shapes, "train_shape_flow", spy)
+    exp = shapes.ShapeExperiment(data=str(path), n_val_flow=3)
+    shapes.run(exp, tmp_path / "run", progress=False)
+    (train, val, kw), = calls  # fmt: skip
+    s = shapes.load_clouds(exp)
+    assert torch.equal(train, s["train"]) and torch.equal(val, s["val"])
+    assert kw["n_val_flow"] == 3
+    test = set(rows(s["test"]))
+    assert not set(rows(train)) & test and not set(rows(val)) & test
+    assert not set(rows(train)) & set(rows(val))
+
+
+def test_train_shape_flow_feeds_each_part_its_split(monkeypatch, tmp_path):
+    # catches: a part validated (best.pt picked) on training clouds; gram.initialize skipped
+    calls = []
+
+    def spy(module, data, config, run_dir, *, val_data=None, **kw):
+        calls.append({"module": module, "data": data.clone(), "val": val_data.clone(),
+                      "dir": run_dir.name})  # fmt: skip
+
+    monkeypatch.setattr(shapes, "train", spy)
+    X = torch.as_tensor(clouds(N=30, scale=100.0))
+    train_clouds, val_clouds = X[:20], X[20:]
+    model = ShapeFlow(4, 2).double()
+    cfg = TrainConfig(iterations=1, batch_size=8, dtype="float64")
+    shapes.train_shape_flow(model, train_clouds, val_clouds, tmp_path, cfg, cfg, n_val_flow=6,
+                            progress=False)  # fmt: skip
+    flow, gram = calls
+    assert (flow["dir"], gram["dir"]) == ("flow", "gram")
+    assert flow["module"] is model.flow
+    assert torch.allclose(flow["data"], model.factor(train_clouds)[0])
+    assert torch.allclose(flow["val"], model.factor(val_clouds[:6])[0])
+    assert torch.equal(gram["data"], train_clouds) and torch.equal(gram["val"], val_clouds)
+    # the Gram density's E[tr S] is the training clouds' mean trace (Monte Carlo); without
+    # initialize it keeps its default scale, ~1e4 x too small for these clouds
+    Y, S = model.factor(train_clouds)
+    data_trace = torch.diagonal(S, dim1=-2, dim2=-1).sum(-1).mean()
+    with torch.no_grad():
+        draws = model.gram.sample(Y.repeat(50, 1, 1), torch.Generator().manual_seed(0))
+    model_trace = torch.diagonal(draws, dim1=-2, dim2=-1).sum(-1).mean()
+    assert model_trace.item() == pytest.approx(data_trace.item(), rel=0.1)
+
+
+class StubModel:
+    """Stands in for a trained ShapeFlow in ``evaluate``: known per-cloud log-probs and known
+    samples, so its numbers can be recomputed independently."""
+
+    def __init__(self, n, d):
+        self.n, self.d, self.seen, self.samples = n, d, [], []
+        self.manifold = types.SimpleNamespace(log_volume=lambda: 1.25)
+
+    def log_prob_terms(self, P):
+        self.seen.append(P.clone())
+        g = -P.pow(2).sum((1, 2))
+        gram, jac = 0.5 * P[:, 0, 0], torch.full((len(P),), -2.0, dtype=P.dtype)
+        return {"grassmann": g, "gram": gram, "jacobian": jac, "log_prob": g + gram + jac}
+
+    def sample(self, m, generator=None):
+        X = 2.0 * torch.randn(m, self.n, self.d, generator=generator, dtype=torch.float64)
+        self.samples.append(X)
+        return X
+
+
+def test_evaluate_numbers_recomputed_independently(data_file, tmp_path, monkeypatch):
+    # catches: the test SEM as std/N, not std/sqrt(N); the NLL or JSD of other clouds or bins
+    path, _ = data_file
+    exp = shapes.ShapeExperiment(data=str(path), n_points=4, dim=2)
+    stub = StubModel(4, 2)
+    monkeypatch.setattr(shapes, "load_run", lambda run_dir: (exp, stub))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    r = shapes.evaluate(run_dir, n_samples=300)
+    test = shapes.load_clouds(exp)["test"]
+    (seen,) = stub.seen
+    assert torch.equal(seen, test) and r["n_test"] == len(test) == 4
+    lp = -(test.numpy() ** 2).sum((1, 2)) + 0.5 * test.numpy()[:, 0, 0] - 2.0
+    assert r["test_nll"] == pytest.approx(-lp.mean(), rel=1e-12)
+    assert r["test_nll_sem"] == pytest.approx(lp.std(ddof=1) / np.sqrt(4), rel=1e-10)
+    assert r["test_nll_jacobian"] == pytest.approx(2.0)
+    # the project's JSD is in nats: the square of scipy's Jensen-Shannon distance (base e)
+    (X,) = stub.samples
+    a = np.concatenate([pdist(x) for x in X.numpy()])
+    b = np.concatenate([pdist(x) for x in test.numpy()])
+    hi = 1.5 * np.quantile(b, 0.999)
+    p = np.histogram(np.clip(a, 0.0, hi), bins=100, range=(0.0, hi))[0]
+    q = np.histogram(b, bins=100, range=(0.0, hi))[0]
+    assert a.max() > hi  # some sample distances fall past the range: counted in the last bin
+    assert r["distance_jsd"] == pytest.approx(jensenshannon(p, q) ** 2, rel=1e-6)
+    assert 0 < r["distance_jsd"] < np.log(2)
