@@ -73,7 +73,7 @@ def test_isotropic_gaussian_closed_form():
     # Independent route: another orthonormal basis of 1-perp (scipy's null space, not Helmert)
     # and torch's MultivariateNormal.
     for system, (n, d) in vs_enf.SHAPES.items():
-        data = vs_enf.load_enf_splits(system, 1000)
+        data = vs_enf.load_enf_splits(system, 1000, dedup=False)  # the rows
         B = torch.tensor(scipy.linalg.null_space(np.ones((1, n))))  # (n, n - 1)
         x, y = ((B.mT @ data[s]).flatten(1) for s in ("train", "test"))
         sigma2 = (x**2).sum() / x.numel()
@@ -186,10 +186,13 @@ def test_sweep_rows_merge_and_tables(tmp_path, monkeypatch):
     assert sum(r["model"] == "isotropic-gaussian" for r in saved) == 1
     table = (out / "vs_enf" / "dw4.md").read_text()
     nll = [r["test_nll"] for r in ours if r["budget_minutes"] == 5]
-    mean_se = f"{np.mean(nll):.2f} ± {np.std(nll, ddof=1) / 3**0.5:.2f}"
-    assert "| grassflow-mlp-fm | 10 | 5 |" in table and mean_se in table
+    sems = [r["test_nll_sem"] for r in ours if r["budget_minutes"] == 5]
+    # mean over seeds | mean test-set SEM | seed SE: catches the two uncertainties swapped
+    cells = f"| {np.mean(nll):.2f} | {np.mean(sems):.2f} | {np.std(nll, ddof=1) / 3**0.5:.2f} |"
+    line = next(x for x in table.splitlines() if x.startswith("| grassflow-mlp-fm | 10 | 5 |"))
+    assert cells in line and "| 3 |" in line
     for text in ("7.92", "7.64", "8.15", "8.71", "12.94", "isotropic Gaussian (here)",
-                 "-13.74 | – | – | a density on uncentred Gr(k, n)",
+                 "-13.74 | – | – | – | – | – | a density on uncentred Gr(k, n)",
                  "--minutes 6 --potential mlp"):  # fmt: skip
         assert text in table
     assert "31.85" in (out / "vs_enf" / "lj13.md").read_text()
@@ -219,9 +222,10 @@ def test_cli_reaches_the_sweep(tmp_path, monkeypatch, capsys):
     # catches: a flag not reaching the sweep or the preset, and the wrong defaults
     calls = []
 
-    def sweep(systems, n_trains, seeds, minutes, runs, out, *, base, threads, progress, force):
+    def sweep(systems, n_trains, seeds, minutes, runs, out, *, base, progress, force):
         calls.append(dict(systems=systems, n_trains=n_trains, seeds=seeds, minutes=minutes,
-                          runs=runs, base=base, threads=threads, force=force))  # fmt: skip
+                          runs=runs, base=base, threads=torch.get_num_threads(),
+                          force=force))  # fmt: skip
         for system in systems:
             (tmp_path / "vs_enf").mkdir(exist_ok=True)
             (tmp_path / "vs_enf" / f"{system}.md").write_text(f"table {system}")
@@ -270,8 +274,12 @@ def test_eval_cache_needs_both_parts_unchanged(tmp_path, monkeypatch):
             return {"log_prob": lp, "grassmann": lp, "gram": 0 * lp, "jacobian": 0 * lp}
 
     monkeypatch.setattr(vs_enf, "load_run", lambda run_dir: (vs_enf.ENFExperiment(), Stub()))
-    data = {"test": torch.randn(6, 4, 2)}
-    assert vs_enf.evaluate(run_dir, data)["test_nll"] == 1.0
+    data = {"test": torch.randn(6, 4, 2), "val": torch.randn(3, 4, 2)}
+    data["train"] = torch.cat([torch.randn(5, 4, 2), data["test"][4:]])  # 2 test rows seen
+    first = vs_enf.evaluate(run_dir, data)
+    # catches: the held-out figure counting test rows seen in training
+    assert first["test_nll"] == 1.0 and first["n_test_novel"] == 4
+    assert first["n_train_distinct"] == 7
     assert vs_enf.evaluate(run_dir, data)["test_nll"] == 1.0 and len(evaluations) == 1  # reused
     status["flow"] = _Status(iterations=150, trained_minutes=1.5)  # the Gram part: unchanged
     r = vs_enf.evaluate(run_dir, data)
@@ -279,7 +287,7 @@ def test_eval_cache_needs_both_parts_unchanged(tmp_path, monkeypatch):
     status["gram"] = _Status(iterations=40, trained_minutes=1.0)  # the flow part: unchanged
     r = vs_enf.evaluate(run_dir, data)
     assert len(evaluations) == 3 and r["test_nll"] == 3.0 and r["gram_iterations"] == 40
-    assert vs_enf.evaluate(run_dir, {"test": data["test"][:5]})["n_test"] == 5  # another set
+    assert vs_enf.evaluate(run_dir, {**data, "test": data["test"][:5]})["n_test"] == 5  # another
     assert json.loads((run_dir / "eval.json").read_text())["test_nll"] == 4.0
 
 

@@ -514,7 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", nargs="+", type=int, help="training sizes (default: the paper's)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--budget", type=float, default=1.0,
-                   help="training CPU minutes per run, in total over reruns (a larger one continues)")
+                   help="training CPU minutes per run, in total over reruns (a larger one "
+                        "continues)")
     p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
     p.add_argument("--prior", default="uniform", choices=("gaussian", "uniform"),
                    help="base distribution (the paper's is gaussian; see the README)")
@@ -533,9 +534,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--potential", default="mlp", choices=("mlp", "graph"),
                    help="the GrCNF's: mlp (the paper's) or graph (invariant to relabelling "
                         "the atoms; its exact validation is far slower)")  # fmt: skip
-    p.add_argument("--budget", type=float, default=5.0, help="GrCNF training CPU minutes, in total over reruns")
+    p.add_argument("--budget", type=float, default=5.0,
+                   help="GrCNF training CPU minutes, in total over reruns")
     p.add_argument("--scale-budget", type=float, default=1.0,
-                   help="training CPU minutes of each of the Gram density and the decoder")  # fmt: skip
+                   help="training CPU minutes of each of the Gram density and the "
+                        "decoder")  # fmt: skip
     p.add_argument("--cache-dir", default="data", help="where the processed QM9 split is cached")
     p.add_argument("--out", default="results/table2")
     p.add_argument("--summary", default="results",
