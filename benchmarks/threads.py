@@ -4,8 +4,9 @@ Run: ``PYTHONPATH=src python benchmarks/threads.py [--seconds 10] [--out results
 
 For each model (the demo's texture flow, a ShapeFlow's flow on LJ13, QM9's flow; each one
 training step of its default objective and batch) and each thread setting (1 thread; 2
-threads with OpenMP's default wait policy; 2 threads with ``OMP_WAIT_POLICY=PASSIVE``;
-``--threads auto``), a fresh process trains for ``--seconds`` of wall time, with 0, 1 and 2
+threads with OpenMP's default wait policy, what plain torch gets; 2 threads with
+``OMP_WAIT_POLICY=PASSIVE``, what ``grassflow --threads 2`` gets; ``--threads auto``), a fresh
+process trains for ``--seconds`` of wall time, with 0, 1 and 2
 other CPU-bound processes (busy loops) on the machine. It reports steps per wall second and
 per CPU second (``time.process_time``, all threads), medians of ``--repeats`` runs, and writes
 ``threads.json`` and ``threads.md``.
@@ -26,16 +27,16 @@ import time
 from pathlib import Path
 
 MODELS = ("demo", "lj13", "qm9")
-SETTINGS = {  # name -> (threads argument, extra environment)
-    "1 thread": ("1", {}),
-    "2 threads": ("2", {}),
-    "2 threads, passive": ("2", {"OMP_WAIT_POLICY": "PASSIVE"}),
-    "auto": ("auto", {}),
+SETTINGS = {  # name -> (threads argument, OMP_WAIT_POLICY; None: OpenMP's default)
+    "1 thread": ("1", None),
+    "2 threads, OpenMP default wait": ("2", None),
+    "2 threads, passive wait (grassflow's)": ("2", "PASSIVE"),
+    "auto": ("auto", "PASSIVE"),
 }
 
 
 def _worker(model_name: str, threads: str, seconds: float) -> dict:
-    import torch
+    import torch  # before grassflow, which would otherwise set OMP_WAIT_POLICY
 
     from grassflow.training import OBJECTIVES
     from grassflow.training.threads import set_threads
@@ -83,10 +84,12 @@ def _busy(k: int) -> list[subprocess.Popen]:
 
 
 def _measure(model: str, setting: str, seconds: float) -> dict:
-    threads, env = SETTINGS[setting]
+    threads, policy = SETTINGS[setting]
     cmd = [sys.executable, __file__, "--worker", model, threads, str(seconds)]
-    out = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
-                         check=True)  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if policy is not None:
+        env["OMP_WAIT_POLICY"] = policy
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -4,6 +4,14 @@ Points of Gr(k, D) are orthonormal representatives ``Y: (..., D, k)``; every ``l
 density with respect to the Riemannian volume of Gr(k, D) under the metric ``tr(xi^T eta)``.
 """
 
+import os as _os
+import sys as _sys
+
+if "torch" not in _sys.modules:
+    # OpenMP threads that spin while they wait stall each other when the machine is busy
+    # (grassflow.training.threads); sleeping costs little. libgomp reads this when torch loads.
+    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from .distributions import MatrixGaussianPrior, UniformGrassmann
 from .flows import GrCNF, ShapeFlow
 from .manifolds import Grassmann
