@@ -34,6 +34,7 @@ from grassflow.distributions.cartesian import wishart_log_prob
 from grassflow.flows.shape import ShapeFlow
 from grassflow.manifolds import Grassmann
 from grassflow.nn import scale_init_
+from grassflow.nn.gram import WishartGram
 
 TOL = {"atol": 1e-6, "rtol": 1e-6}
 # (n, d, field RMS, clouds per estimator): Gr(2, 3) with 6 coordinates and Gr(3, 4) with 12;
@@ -216,6 +217,119 @@ def test_sampled_gram_follows_the_conditional_law(n, d):
         tol = mc_tolerance(f)
         assert tol < 0.15 * d  # resolves a bias of 15% of E[tr A] = d
         assert abs(f.mean().item()) < tol
+
+
+# ------------------------------------------------------------------ exact values (quick)
+def uniform_grassmann_part(model: ShapeFlow) -> None:
+    """Replace the model's GrCNF density by the uniform one, -log V_Gr(d, n - 1) (computed
+    here), so that a test of the Gram and Jacobian terms runs no ODE."""
+    log_vol = log_volume_grassmann(model.dim, model.n_points - 1)
+    model.flow.log_prob = lambda Y, exact=None: Y.new_full(Y.shape[:-2], -log_vol)
+
+
+def wishart_ref(S: torch.Tensor, dof, V: torch.Tensor) -> torch.Tensor:
+    """log Wishart(S; dof, V) by torch.distributions (independent of grassflow's)."""
+    return torch.distributions.Wishart(torch.as_tensor(dof), covariance_matrix=V).log_prob(S)
+
+
+@pytest.mark.parametrize("n,d", [(5, 2), (6, 3)])
+def test_log_prob_of_the_isotropic_gaussian(n, d):
+    # catches: the Jacobian with n instead of n - 1 rows, subtracted instead of added, or the
+    # wrong sign of its log det S term (exponent (n - d - 2) / 2 != 0 here), and any constant
+    # offset: with a zero field (uniform [Y]) and S | Y ~ Wishart(n - 1, s2 I), the ShapeFlow
+    # is exactly the isotropic Gaussian N(0, s2 I) on the (n - 1) d Helmert coordinates
+    s2 = 0.7
+    model = make_model(n, d, gain=0.0)
+    model.gram = WishartGram(n, d, hidden=8, log_scale=math.log((n - 1) * s2), dof=n - 1.0)
+    P = torch.cat([math.sqrt(s2) * torch.randn(4, n, d), 2.0 * torch.randn(4, n, d)]) + 3.0
+    with torch.no_grad():
+        Sigma, nu = model.gram.params(model.factor(P)[0])
+        lp = model.log_prob(P)
+    torch.testing.assert_close(Sigma / nu[:, None, None], s2 * torch.eye(d).expand(8, d, d),
+                               atol=1e-12, rtol=0)  # fmt: skip
+    assert lp.std() > 1.0
+    torch.testing.assert_close(lp, gaussian_log_prob(model.helmert(P), s2), atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("n,d", [(5, 2), (6, 3)])
+def test_log_prob_by_brute_force(n, d):
+    # catches: S's eigenvalues paired with the wrong columns of Y (reversed order), the
+    # Jacobian with n rows, subtracted, or with the wrong sign of log det S: each term
+    # recomputed in another representative of the span (QR of P', rotated), the Gram term by
+    # torch's Wishart and the Jacobian from the Gaussian identity
+    # log N(P'; 0, I) = -log V_Gr + log Wishart(S; n - 1, I) + jacobian (any frame)
+    model = make_model(n, d, field_rms=0.3)
+    calibrate_gram(model, dof=n + 1.0, w_spread=1.5, dof_spread=0.3)  # anisotropic Sigma(Y)
+    P = 1.5 * torch.randn(5, n, d) + 1.0
+    Pp = helmert_basis(n).mT @ (P - P.mean(1, keepdim=True))
+    Y = torch.linalg.qr(Pp)[0] @ torch.linalg.qr(torch.randn(5, d, d))[0]
+    S = Y.mT @ Pp @ Pp.mT @ Y  # not diagonal: another frame than ShapeFlow's
+    with torch.no_grad():
+        lp = model.log_prob(P)
+        log_gr = model.flow.log_prob(Y)
+        Sigma, nu = model.gram.params(Y)
+    ev = torch.linalg.eigvalsh(Sigma)
+    assert (ev[:, -1] / ev[:, 0]).max() > 2  # so that the frame of S matters
+    jac = (gaussian_log_prob(Pp, 1.0) + log_volume_grassmann(d, n - 1)
+           - wishart_ref(S, n - 1.0, torch.eye(d)))  # fmt: skip
+    ref = log_gr + wishart_ref(S, nu, Sigma / nu[:, None, None]) + jac
+    assert (log_gr + log_volume_grassmann(d, n - 1)).abs().max() > 0.1  # the flow moves mass
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("n,d", [(5, 2), (6, 3)])
+def test_sample_given_is_haar_rotated(n, d):
+    # catches: a sampler without the Haar rotation R (P' = Y chol(S)) or with rotations only
+    # (no reflections): given Y, B = Y^T P' = chol(S) R must have E[B] = 0,
+    # E[B^T B] = E[tr S] I / d and det B < 0 half of the time
+    model = make_model(n, d)
+    calibrate_gram(model, dof=n + 1.0, w_spread=1.0, dof_spread=0.3)
+    m = 4000
+    Y = Grassmann(d, n - 1).random(1).expand(m, -1, -1)
+    with torch.no_grad():
+        Pp = model.helmert(model.sample_given(Y, torch.Generator().manual_seed(0)))
+    B = Y.mT @ Pp
+    BtB = B.mT @ B
+    scale = torch.diagonal(BtB, dim1=-2, dim2=-1).sum(-1).mean().item() / d
+    stats = [B[:, i, j] / scale**0.5 for i in range(d) for j in range(d)]
+    stats += [(BtB[:, i, j] - (i == j) * BtB[:, 0, 0]) / scale
+              for i in range(d) for j in range(i, d) if (i, j) != (0, 0)]  # fmt: skip
+    stats.append((torch.linalg.det(B) < 0).double() - 0.5)
+    for x in stats:
+        tol = mc_tolerance(x)
+        assert tol < 0.1  # resolves a bias of 10% of the scale
+        assert abs(x.mean().item()) < tol
+
+
+@pytest.mark.parametrize("n,d", [(6, 2), (6, 3)])
+def test_normalized_for_n_above_d_plus_2(n, d):
+    # catches: a wrong log det S term (its sign, or n instead of n - 1 rows: the exponent
+    # (n - d - 2) / 2 vanishes in the slow n = d + 2 cases), the Jacobian subtracted, or a Gram
+    # density or sampler that is not normalized, to 1%: int p(P') dP' = E_q[p / q] = 1 and
+    # E_{P ~ p}[q / p] = 1 with q = N(0, s2 I). The Grassmann part is uniform (computed here,
+    # no ODE: the flow's own normalization is test_flows'), the Gram density depends on Y.
+    model = make_model(n, d, gain=0.0)
+    calibrate_gram(model, dof=n - 1.0, w_spread=0.1, dof_spread=0.03)
+    uniform_grassmann_part(model)
+    s2, m = 1.0 / (n - 1), 30000
+    gen = torch.Generator().manual_seed(1)
+    Pp = math.sqrt(s2) * torch.randn(m, n - 1, d, generator=gen)
+    with torch.no_grad():
+        Y = Grassmann(d, n - 1).random(m, generator=gen)
+        samples = model.sample_given(Y, gen)
+        weights = {
+            "p/q": torch.exp(model.log_prob(helmert_basis(n) @ Pp) - gaussian_log_prob(Pp, s2)),
+            "q/p": torch.exp(gaussian_log_prob(model.helmert(samples), s2)
+                             - model.log_prob(samples)),
+        }  # fmt: skip
+        Sigma, nu = assert_finite_variance(model, model.factor(helmert_basis(n) @ Pp)[0],
+                                           s2, "p/q")  # fmt: skip
+        assert_finite_variance(model, Y, s2, "q/p")
+    assert nu.std() > 0.02 and Sigma.std(0).max() > 0.02  # the Gram density depends on Y
+    for name, w in weights.items():
+        tol = mc_tolerance(w)
+        assert tol < 0.006, name  # power: a 1% error in p is > tol + 2.5 standard errors off
+        assert abs(w.mean().item() - 1.0) < tol, name
 
 
 # ------------------------------------------------------------------ invariances, sampling
