@@ -12,8 +12,8 @@ nu(Y) really depend on Y, centred at Sigma ~ I and nu ~ n - 1, with s^2 = 1 / (n
 slow normalization tests draw the spans [Y] from a quadrature rule (tests/quadrature.py) and
 only S and the orientation at random, which resolves a 1% error with a few thousand clouds.
 
-Finite variance of the weights is a guard, not an assumption. dP' = dvol_Gr dS det(S)^((n - d
-- 2) / 2) up to constants, and that factor cancels in p / q, so
+Finite variance of the weights is a guard, not an assumption. dP' = det(S)^((n - d - 2) / 2)
+dvol_Gr dS dR up to a constant (R the Haar fibre), and that factor cancels in p / q, so
 
 * ``p / q`` has finite variance iff ``nu > (n + d - 2) / 2`` (near S = 0) and
   ``Sigma / nu < 2 s^2`` (tails);
@@ -273,7 +273,7 @@ def test_sampled_gram_follows_the_conditional_law(n, d):
         assert abs(f.mean().item()) < tol
 
 
-# ------------------------------------------------------------------ exact values (quick)
+# ------------------------------------------ exact values, Haar rotation, n > d + 2 (quick)
 def uniform_grassmann_part(model: ShapeFlow) -> None:
     """Replace the model's GrCNF density by the uniform one, -log V_Gr(d, n - 1) (computed
     here), so that a test of the Gram and Jacobian terms runs no ODE."""
