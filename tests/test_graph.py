@@ -439,6 +439,29 @@ def test_wishart_gram_mixture_log_prob_sample_and_equivariance():
         WishartGram(n, k, components=0)
 
 
+def test_wishart_gram_mixture_initialize_breaks_the_symmetry():
+    # catches: an initialization that leaves the components of a fresh mixture identical (no
+    # spread of their scales): the mixture is then one Wishart, every component gets the same
+    # gradient, and training can never separate them. After initialize on data the components'
+    # scales must differ and bracket the data's, and the gradient must tell them apart.
+    n, k, C = 5, 2, 4
+    gram = WishartGram(n, k, hidden=8, components=C)
+    A = torch.randn(200, k, 6)
+    data = 2.7 * A @ A.mT
+    gram.initialize(data)
+    scale = torch.diagonal(data, dim1=-2, dim2=-1).sum(-1).mean().item() / k
+    Y = Grassmann(k, n - 1).random(200)
+    Sigma, nu, log_pi = gram.mixture_params(Y)
+    c = torch.diagonal(Sigma, dim1=-2, dim2=-1).mean(-1)  # (200, C): Sigma = c I on a fresh one
+    torch.testing.assert_close(Sigma, c[..., None, None] * torch.eye(k), atol=1e-12, rtol=0)
+    c = c[0].detach().sort().values
+    assert (c[1:] / c[:-1]).min() > 1.2  # C distinct scales
+    assert c[0] < scale < c[-1]
+    (-gram.log_prob(data, Y).mean()).backward()
+    g = gram.weight.bias.grad
+    assert (g.max() - g.min()).item() > 0.1 * g.abs().max().item()  # symmetry broken
+
+
 def test_wishart_gram_mixture_normalizes():
     # catches: mixture weights that do not sum to one (the Cartesian density would then not
     # integrate to one) -- importance sampling from the same mixture with every scale widened

@@ -1,16 +1,19 @@
 """Tests for grassflow.flows.ShapeFlow: the exact density on point clouds.
 
 The density lives on the (n - 1) d CoM-free Helmert coordinates ``P' = H^T (P - mean)``. Its
-normalization is checked by Monte Carlo against an isotropic Gaussian proposal
-``q(P') = N(0, s^2 I)`` in both directions: ``E_q[p / q] = 1`` (log_prob alone) and
+values are checked against closed forms (a ShapeFlow that is an isotropic Gaussian) and a
+brute-force recomputation of each term, and its normalization against an isotropic Gaussian
+proposal ``q(P') = N(0, s^2 I)`` in both directions: ``E_q[p / q] = 1`` (log_prob alone) and
 ``E_{P ~ model}[q / p] = 1`` (sample and log_prob together). The Gaussian's own decomposition is
 ``[Y]`` uniform and ``S | Y ~ Wishart(n - 1, s^2 I)``, so the model is set up to resemble it,
 which keeps the weights' variance small: an untrained graph potential scaled by
 ``scale_init_`` (the Grassmann part moves mass), and a WishartGram whose weights w_i(Y) and dof
-nu(Y) really depend on Y, centred at Sigma ~ I and nu ~ n - 1, with s^2 = 1 / (n - 1).
+nu(Y) really depend on Y, centred at Sigma ~ I and nu ~ n - 1, with s^2 = 1 / (n - 1). The
+slow normalization tests draw the spans [Y] from a quadrature rule (tests/quadrature.py) and
+only S and the orientation at random, which resolves a 1% error with a few thousand clouds.
 
-Finite variance of the weights is a guard, not an assumption. With n = d + 2 (both MC cases),
-dP' = dvol_Gr dS up to constants near S = 0, so
+Finite variance of the weights is a guard, not an assumption. dP' = det(S)^((n - d - 2) / 2)
+dvol_Gr dS dR up to a constant (R the Haar fibre), and that factor cancels in p / q, so
 
 * ``p / q`` has finite variance iff ``nu > (n + d - 2) / 2`` (near S = 0) and
   ``Sigma / nu < 2 s^2`` (tails);
@@ -26,7 +29,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from scipy.special import multigammaln
 
 from conftest import mc_tolerance, random_orthogonal
 from grassflow.data.shapes import helmert_basis
@@ -34,11 +36,14 @@ from grassflow.distributions.cartesian import wishart_log_prob
 from grassflow.flows.shape import ShapeFlow
 from grassflow.manifolds import Grassmann
 from grassflow.nn import scale_init_
+from grassflow.nn.gram import WishartGram
+from quadrature import grassmann_rule, log_volume_grassmann
 
 TOL = {"atol": 1e-6, "rtol": 1e-6}
 # (n, d, field RMS, clouds per estimator): Gr(2, 3) with 6 coordinates and Gr(3, 4) with 12;
-# the field is strong enough to move mass (the power guards) and weak enough for the weights to
-# keep a standard error <= 0.01 (checked for six initializations, not only the seeded one)
+# the field is strong enough to move mass (the power guards) and weak enough for importance
+# weights to keep a standard error <= 0.01 (checked for six initializations, not only the
+# seeded one)
 MC_CASES = [(4, 2, 0.065, 4000), (5, 3, 0.055, 2500)]
 
 
@@ -86,11 +91,6 @@ def gaussian_log_prob(Pp: torch.Tensor, s2: float) -> torch.Tensor:
     return -0.5 * Pp.square().sum((-2, -1)) / s2 - 0.5 * dim * math.log(2 * math.pi * s2)
 
 
-def log_volume_grassmann(k: int, D: int) -> float:
-    """log V_Gr(k, D) = (k (D - k) / 2) log pi + log Gamma_k(k / 2) - log Gamma_k(D / 2)."""
-    return 0.5 * k * (D - k) * math.log(math.pi) + multigammaln(k / 2, k) - multigammaln(D / 2, k)
-
-
 def assert_finite_variance(model, Y, s2, direction):
     """The guard of the module docstring, on the representatives that were drawn."""
     n, d = model.n_points, model.dim
@@ -107,7 +107,7 @@ def assert_finite_variance(model, Y, s2, direction):
 @pytest.fixture(scope="module", params=MC_CASES, ids=[f"n{c[0]}d{c[1]}" for c in MC_CASES])
 def mc(request):
     """One model per case, with log_prob_terms on m Gaussian clouds and on m model samples
-    (computed once, shared by the Monte Carlo tests)."""
+    (computed once, shared by the Monte Carlo tests of the sampler)."""
     n, d, rms, m = request.param
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
@@ -127,37 +127,92 @@ def mc(request):
 
 
 # ------------------------------------------------------------------ normalization
+# (n, d, field RMS, rule order, clouds per span): Gr(2, 3) with 151 spans of the quadrature and
+# Gr(3, 4) with 495 (tests/quadrature.py), whose error on these flows' Grassmann parts is
+# <= 1e-4 (QUAD_ERR bounds it); the Gram density is closer to the proposal's than in the
+# Monte Carlo cases, so that the standard error is ~0.001 and a 1% error fails
+QUAD_CASES = [(4, 2, 0.065, 29, 12), (5, 3, 0.055, 17, 8)]
+QUAD_ERR = 2e-4
+
+
+def haar(m: int, d: int, generator: torch.Generator) -> torch.Tensor:
+    """``m`` Haar-distributed ``(d, d)`` orthogonal matrices (QR with the sign fix)."""
+    Q, R = torch.linalg.qr(torch.randn(m, d, d, generator=generator))
+    return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+def stratified_mean(x: torch.Tensor, w: torch.Tensor) -> tuple[float, float]:
+    """``sum_i w_i mean_j x_ij`` and its standard error, for ``x: (N, K)`` with K independent
+    draws at each of the N nodes of a rule with weights ``w: (N,)``."""
+    K = x.shape[1]
+    se = (w.square() * x.var(dim=1) / K).sum().sqrt().item()
+    return (w * x.mean(dim=1)).sum().item(), se
+
+
+@pytest.fixture(scope="module", params=QUAD_CASES, ids=[f"n{c[0]}d{c[1]}" for c in QUAD_CASES])
+def quad(request):
+    """One model per case; K clouds on each span Y_i of the rule, drawn from the Gaussian's
+    conditional law (S = G^T G ~ Wishart(n - 1, s2 I), P' = Y_i chol(S) R, R Haar), and K
+    model samples on each transported span phi(Y_i) (the flow's prior is uniform, so the
+    nodes are a rule for its prior), with their log_prob."""
+    n, d, rms, order, K = request.param
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = make_model(n, d, field_rms=rms, chunk_size=1024)  # several chunks per batch
+        calibrate_gram(model, dof=n - 1.0, w_spread=0.05, dof_spread=0.02)
+        s2 = 1.0 / (n - 1)
+        Y, w = grassmann_rule(d, n - 1, order)
+        gen = torch.Generator().manual_seed(1)
+        G = math.sqrt(s2) * torch.randn(len(w) * K, n - 1, d, generator=gen)
+        B = torch.linalg.cholesky(G.mT @ G) @ haar(len(w) * K, d, gen)
+        Pp = Y.repeat_interleave(K, 0) @ B
+        with torch.no_grad():
+            log_gr = model.flow.log_prob(Y)
+            lp_q = model.log_prob(helmert_basis(n) @ Pp)
+            Y1 = model.flow.transport_forward(Y)
+            samples = model.sample_given(Y1.repeat_interleave(K, 0), gen)
+            lp_m = model.log_prob(samples)
+        return SimpleNamespace(n=n, d=d, K=K, model=model, s2=s2, Y=Y, w=w, log_gr=log_gr,
+                               Pp=Pp, lp_q=lp_q, Y1=Y1, samples=samples,
+                               lp_m=lp_m)  # fmt: skip
+    finally:
+        torch.set_default_dtype(old)
+
+
 @pytest.mark.slow
-def test_normalized_under_gaussian_proposal(mc):
+def test_normalized_under_gaussian_proposal(quad):
     # catches: a wrong Jacobian (|det B|^{n-k} power, 2^k, pi or multigamma constants), an
-    # unnormalized Gram density, or Grassmann volume conventions that do not match
-    # int p(P') dP' = E_q[p / q] = 1
-    model, terms = mc.model, mc.terms_q
+    # unnormalized Gram density, Grassmann volume conventions that do not match, or log p off
+    # by a constant, to 1%: int p(P') dP' = E_q[p / q] = 1
+    model = quad.model
     # the flow really moves mass and the Gram density really depends on Y
-    log_vol = log_volume_grassmann(mc.d, mc.n - 1)
-    assert (terms["grassmann"] + log_vol).abs().max() > 0.3
-    Y, _ = model.factor(helmert_basis(mc.n) @ mc.Pp)
-    Sigma, nu = assert_finite_variance(model, Y, mc.s2, "p/q")
-    assert nu.std() > 0.02 and Sigma.std(0).max() > 0.02
-    w = torch.exp(terms["log_prob"] - gaussian_log_prob(mc.Pp, mc.s2))
-    tol = mc_tolerance(w)
-    assert tol / 4 <= 0.01  # standard error <= 0.01: the check resolves a 4% error
-    assert abs(w.mean().item() - 1.0) < tol
+    assert (quad.log_gr + log_volume_grassmann(quad.d, quad.n - 1)).abs().max() > 0.3
+    Y, _ = model.factor(helmert_basis(quad.n) @ quad.Pp)
+    Sigma, nu = assert_finite_variance(model, Y, quad.s2, "p/q")
+    assert nu.std() > 0.02 and Sigma.std(0).max() > 0.01
+    w = torch.exp(quad.lp_q - gaussian_log_prob(quad.Pp, quad.s2))
+    mean, se = stratified_mean(w.reshape(-1, quad.K), quad.w)
+    tol = 4 * se + QUAD_ERR
+    assert tol < 0.006, tol  # power: a 1% error is > tol + 2.5 standard errors away
+    assert abs(mean - 1.0) < tol, (mean, se)
 
 
 @pytest.mark.slow
-def test_normalized_under_model_samples(mc):
+def test_normalized_under_model_samples(quad):
     # catches: a sampler and a density that disagree (flow run the wrong way or not at all, S
-    # drawn for another Y or scale, P' = Y chol(S)^T R), or a density that is not normalized
+    # drawn for another scale), or a density that is not normalized, to 1%:
     # E_{P ~ p}[q(P') / p(P')] = int q = 1
-    model, P = mc.model, mc.samples
-    Pp = model.helmert(P)
+    model, P = quad.model, quad.samples
+    assert model.manifold.dist(quad.Y, quad.Y1).max() > 0.05  # the transport moves spans
     Y, _ = model.factor(P)
-    assert_finite_variance(model, Y, mc.s2, "q/p")
-    w = torch.exp(gaussian_log_prob(Pp, mc.s2) - mc.terms_m["log_prob"])
-    tol = mc_tolerance(w)
-    assert tol / 4 <= 0.01
-    assert abs(w.mean().item() - 1.0) < tol
+    assert_finite_variance(model, Y, quad.s2, "q/p")
+    w = torch.exp(gaussian_log_prob(model.helmert(P), quad.s2) - quad.lp_m)
+    mean, se = stratified_mean(w.reshape(-1, quad.K), quad.w)
+    tol = 4 * se + QUAD_ERR
+    assert tol < 0.006, tol
+    assert abs(mean - 1.0) < tol, (mean, se)
 
 
 @pytest.mark.slow
@@ -216,6 +271,119 @@ def test_sampled_gram_follows_the_conditional_law(n, d):
         tol = mc_tolerance(f)
         assert tol < 0.15 * d  # resolves a bias of 15% of E[tr A] = d
         assert abs(f.mean().item()) < tol
+
+
+# ------------------------------------------ exact values, Haar rotation, n > d + 2 (quick)
+def uniform_grassmann_part(model: ShapeFlow) -> None:
+    """Replace the model's GrCNF density by the uniform one, -log V_Gr(d, n - 1) (computed
+    here), so that a test of the Gram and Jacobian terms runs no ODE."""
+    log_vol = log_volume_grassmann(model.dim, model.n_points - 1)
+    model.flow.log_prob = lambda Y, exact=None: Y.new_full(Y.shape[:-2], -log_vol)
+
+
+def wishart_ref(S: torch.Tensor, dof, V: torch.Tensor) -> torch.Tensor:
+    """log Wishart(S; dof, V) by torch.distributions (independent of grassflow's)."""
+    return torch.distributions.Wishart(torch.as_tensor(dof), covariance_matrix=V).log_prob(S)
+
+
+@pytest.mark.parametrize("n,d", [(5, 2), (6, 3)])
+def test_log_prob_of_the_isotropic_gaussian(n, d):
+    # catches: the Jacobian with n instead of n - 1 rows, subtracted instead of added, or the
+    # wrong sign of its log det S term (exponent (n - d - 2) / 2 != 0 here), and any constant
+    # offset: with a zero field (uniform [Y]) and S | Y ~ Wishart(n - 1, s2 I), the ShapeFlow
+    # is exactly the isotropic Gaussian N(0, s2 I) on the (n - 1) d Helmert coordinates
+    s2 = 0.7
+    model = make_model(n, d, gain=0.0)
+    model.gram = WishartGram(n, d, hidden=8, log_scale=math.log((n - 1) * s2), dof=n - 1.0)
+    P = torch.cat([math.sqrt(s2) * torch.randn(4, n, d), 2.0 * torch.randn(4, n, d)]) + 3.0
+    with torch.no_grad():
+        Sigma, nu = model.gram.params(model.factor(P)[0])
+        lp = model.log_prob(P)
+    torch.testing.assert_close(Sigma / nu[:, None, None], s2 * torch.eye(d).expand(8, d, d),
+                               atol=1e-12, rtol=0)  # fmt: skip
+    assert lp.std() > 1.0
+    torch.testing.assert_close(lp, gaussian_log_prob(model.helmert(P), s2), atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("n,d", [(5, 2), (6, 3)])
+def test_log_prob_by_brute_force(n, d):
+    # catches: S's eigenvalues paired with the wrong columns of Y (reversed order), the
+    # Jacobian with n rows, subtracted, or with the wrong sign of log det S: each term
+    # recomputed in another representative of the span (QR of P', rotated), the Gram term by
+    # torch's Wishart and the Jacobian from the Gaussian identity
+    # log N(P'; 0, I) = -log V_Gr + log Wishart(S; n - 1, I) + jacobian (any frame)
+    model = make_model(n, d, field_rms=0.3)
+    calibrate_gram(model, dof=n + 1.0, w_spread=1.5, dof_spread=0.3)  # anisotropic Sigma(Y)
+    P = 1.5 * torch.randn(5, n, d) + 1.0
+    Pp = helmert_basis(n).mT @ (P - P.mean(1, keepdim=True))
+    Y = torch.linalg.qr(Pp)[0] @ torch.linalg.qr(torch.randn(5, d, d))[0]
+    S = Y.mT @ Pp @ Pp.mT @ Y  # not diagonal: another frame than ShapeFlow's
+    with torch.no_grad():
+        lp = model.log_prob(P)
+        log_gr = model.flow.log_prob(Y)
+        Sigma, nu = model.gram.params(Y)
+    ev = torch.linalg.eigvalsh(Sigma)
+    assert (ev[:, -1] / ev[:, 0]).max() > 2  # so that the frame of S matters
+    jac = (gaussian_log_prob(Pp, 1.0) + log_volume_grassmann(d, n - 1)
+           - wishart_ref(S, n - 1.0, torch.eye(d)))  # fmt: skip
+    ref = log_gr + wishart_ref(S, nu, Sigma / nu[:, None, None]) + jac
+    assert (log_gr + log_volume_grassmann(d, n - 1)).abs().max() > 0.1  # the flow moves mass
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("n,d", [(5, 2), (6, 3)])
+def test_sample_given_is_haar_rotated(n, d):
+    # catches: a sampler without the Haar rotation R (P' = Y chol(S)) or with rotations only
+    # (no reflections): given Y, B = Y^T P' = chol(S) R must have E[B] = 0,
+    # E[B^T B] = E[tr S] I / d and det B < 0 half of the time
+    model = make_model(n, d)
+    calibrate_gram(model, dof=n + 1.0, w_spread=1.0, dof_spread=0.3)
+    m = 4000
+    Y = Grassmann(d, n - 1).random(1).expand(m, -1, -1)
+    with torch.no_grad():
+        Pp = model.helmert(model.sample_given(Y, torch.Generator().manual_seed(0)))
+    B = Y.mT @ Pp
+    BtB = B.mT @ B
+    scale = torch.diagonal(BtB, dim1=-2, dim2=-1).sum(-1).mean().item() / d
+    stats = [B[:, i, j] / scale**0.5 for i in range(d) for j in range(d)]
+    stats += [(BtB[:, i, j] - (i == j) * BtB[:, 0, 0]) / scale
+              for i in range(d) for j in range(i, d) if (i, j) != (0, 0)]  # fmt: skip
+    stats.append((torch.linalg.det(B) < 0).double() - 0.5)
+    for x in stats:
+        tol = mc_tolerance(x)
+        assert tol < 0.1  # resolves a bias of 10% of the scale
+        assert abs(x.mean().item()) < tol
+
+
+@pytest.mark.parametrize("n,d", [(5, 2), (6, 3)])
+def test_normalized_for_n_above_d_plus_2(n, d):
+    # catches: a wrong log det S term (its sign, or n instead of n - 1 rows: the exponent
+    # (n - d - 2) / 2 vanishes in the slow n = d + 2 cases), the Jacobian subtracted, or a Gram
+    # density or sampler that is not normalized, to 1%: int p(P') dP' = E_q[p / q] = 1 and
+    # E_{P ~ p}[q / p] = 1 with q = N(0, s2 I). The Grassmann part is uniform (computed here,
+    # no ODE: the flow's own normalization is test_flows'), the Gram density depends on Y.
+    model = make_model(n, d, gain=0.0)
+    calibrate_gram(model, dof=n - 1.0, w_spread=0.1, dof_spread=0.03)
+    uniform_grassmann_part(model)
+    s2, m = 1.0 / (n - 1), 20000
+    gen = torch.Generator().manual_seed(1)
+    Pp = math.sqrt(s2) * torch.randn(m, n - 1, d, generator=gen)
+    with torch.no_grad():
+        Y = Grassmann(d, n - 1).random(m, generator=gen)
+        samples = model.sample_given(Y, gen)
+        weights = {
+            "p/q": torch.exp(model.log_prob(helmert_basis(n) @ Pp) - gaussian_log_prob(Pp, s2)),
+            "q/p": torch.exp(gaussian_log_prob(model.helmert(samples), s2)
+                             - model.log_prob(samples)),
+        }  # fmt: skip
+        Sigma, nu = assert_finite_variance(model, model.factor(helmert_basis(n) @ Pp)[0],
+                                           s2, "p/q")  # fmt: skip
+        assert_finite_variance(model, Y, s2, "q/p")
+    assert nu.std() > 0.02 and Sigma.std(0).max() > 0.02  # the Gram density depends on Y
+    for name, w in weights.items():
+        tol = mc_tolerance(w)
+        assert tol < 0.006, name  # power: a 1% error in p is > tol + 2.5 standard errors off
+        assert abs(w.mean().item() - 1.0) < tol, name
 
 
 # ------------------------------------------------------------------ invariances, sampling
