@@ -82,8 +82,10 @@ class WishartGram(nn.Module):
 
     @torch.no_grad()
     def initialize(self, S: Tensor) -> None:
-        """Set the common scale so that ``E[tr S]`` matches the mean trace of ``S: (N, k, k)``
-        (exactly so on a fresh module, whose per-point weights are all equal)."""
+        """Set the common scale from the mean trace of ``S: (N, k, k)``. With one component,
+        ``E[tr S]`` then matches it exactly on a fresh module (whose per-point weights are all
+        equal); with several, the components' scales spread around it on a log scale (their
+        geometric mean matches), so the mixture's mean trace is higher (about 1.3x for 4)."""
         trace = torch.diagonal(S, dim1=-2, dim2=-1).sum(-1).mean()
         self._set_scale(math.log(float(trace) / self.k))
 
