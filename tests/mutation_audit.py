@@ -1,0 +1,108 @@
+"""Mutation audit: each bug below must fail the quick loop (``pytest -m "not slow"``).
+
+Run from the repository root: ``python tests/mutation_audit.py [--only NAME ...]``. Each
+mutation is applied to a copy of ``src/`` and ``tests/`` in a temporary folder (the working
+tree is never touched), the quick tests of the files it concerns run there, and the script
+prints which tests failed. It exits 1 if a mutation survives. The list holds the bugs of
+issue 20's audit; add one whenever a bug slips past the quick loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> (file under src/grassflow, text, replacement, test files)
+MUTATIONS = {
+    "gram: no initial scale spread between mixture components": (
+        "nn/gram.py",
+        "spread = torch.linspace(-1.0, 1.0, self.components) if self.components > 1 else 0.0",
+        "spread = 0.0", ["tests/test_graph.py"]),
+    "shapes: training split includes the test clouds": (
+        "experiments/shapes.py", '"train": X[perm[n_test + n_val:]]', '"train": X[perm]',
+        ["tests/test_shapes_splits.py"]),
+    "shapes: flow validated on training clouds": (
+        "experiments/shapes.py", "Y_val = model.factor(val_clouds[:n_val_flow])[0]",
+        "Y_val = model.factor(train_clouds[:n_val_flow])[0]", ["tests/test_shapes_splits.py"]),
+    "shapes: gram.initialize removed": (
+        "experiments/shapes.py", "    model.gram.initialize(S_train)\n", "",
+        ["tests/test_shapes_splits.py"]),
+    "shapes: SEM as std/N": (
+        "experiments/shapes.py", 'terms["log_prob"].std() / len(test) ** 0.5',
+        'terms["log_prob"].std() / len(test)', ["tests/test_shapes_splits.py"]),
+    "vs_enf: eval cache all -> any": (
+        "experiments/vs_enf.py", 'old.get("test_hash") == test_hash and all(',
+        'old.get("test_hash") == test_hash and any(', ["tests/test_vs_enf.py"]),
+    "ShapeFlow: n instead of n - 1 in the Jacobian": (
+        "flows/shape.py", "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points - 1)",
+        "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points)", ["tests/test_shape_flow.py"]),
+    "ShapeFlow: Jacobian subtracted": (
+        "flows/shape.py", '"log_prob": log_gr + log_s + jac', '"log_prob": log_gr + log_s - jac',
+        ["tests/test_shape_flow.py"]),
+    "ShapeFlow: eigenvalues of S reversed relative to Y": (
+        "flows/shape.py", "return Y, torch.diag_embed(lam)",
+        "return Y, torch.diag_embed(lam.flip(-1))", ["tests/test_shape_flow.py"]),
+    "ShapeFlow: no Haar rotation in sampling": (
+        "flows/shape.py", "(Y @ torch.linalg.cholesky(S) @ R)", "(Y @ torch.linalg.cholesky(S))",
+        ["tests/test_shape_flow.py"]),
+    "ShapeFlow: wrong sign of the log det S term": (
+        "distributions/cartesian.py", "return const - 0.5 * (n - k - 1) * torch.log(lam)",
+        "return const + 0.5 * (n - k - 1) * torch.log(lam)", ["tests/test_shape_flow.py"]),
+    "ShapeFlow: density 1 % too high everywhere": (
+        "flows/shape.py", '"log_prob": log_gr + log_s + jac}',
+        '"log_prob": log_gr + log_s + jac + 0.01}', ["tests/test_shape_flow.py"]),
+    "GrCNF: density 1 % too high everywhere": (
+        "flows/grcnf.py", "return self._prior_log_prob(Y0) + a0",
+        "return self._prior_log_prob(Y0) + a0 + 0.01", ["tests/test_flows.py"]),
+}  # fmt: skip
+
+
+def run(name: str, workdir: Path) -> list[str]:
+    """Apply mutation ``name`` in ``workdir`` (a copy), run its quick tests; failed tests."""
+    path, old, new, tests = MUTATIONS[name]
+    target = workdir / "src" / "grassflow" / path
+    text = target.read_text()
+    if text.count(old) != 1:
+        raise RuntimeError(f"{name}: the text to mutate is not found once in {path}")
+    target.write_text(text.replace(old, new))
+    try:
+        env = {**os.environ, "PYTHONPATH": str(workdir / "src")}
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider",
+             "-rf", *tests], cwd=workdir, env=env, capture_output=True, text=True,
+        )  # fmt: skip
+    finally:
+        target.write_text(text)
+    return [line.split()[1] for line in out.stdout.splitlines() if line.startswith("FAILED")]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="+", choices=list(MUTATIONS), metavar="NAME")
+    args = p.parse_args()
+    survived = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "repo"
+        for part in ("src", "tests", "pyproject.toml"):
+            copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy
+            copy(ROOT / part, work / part)
+        (work.parent / "shared").symlink_to((ROOT / ".." / "shared").resolve())
+        for name in args.only or MUTATIONS:
+            failed = run(name, work)
+            print(f"{'caught' if failed else 'SURVIVED'}: {name}", flush=True)
+            for test in failed:
+                print(f"    {test}")
+            if not failed:
+                survived.append(name)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
