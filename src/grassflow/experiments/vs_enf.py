@@ -460,7 +460,7 @@ def markdown_table(rows: list[dict], system: str) -> str:
         space = (f"nats per configuration, Lebesgue measure on the {(n - 1) * d} CoM-free "
                  f"coordinates, on `{test[0]}[:{test[2]}]`. Novel: the same NLL on the test "
                  "configurations that occur in no training or validation row of the run "
-                 "(their number in brackets).")  # fmt: skip
+                 "(± its test-set SEM; their number in brackets).")  # fmt: skip
     extra = " JSD | broken |" if qm9 else " novel test NLL |"
     lines = [
         f"**{system.upper()}**: exact Cartesian test NLL, {space} Budget and CPU: training CPU "
@@ -482,22 +482,26 @@ def markdown_table(rows: list[dict], system: str) -> str:
         r0, k, ours = rs[0], len(rs), model.startswith("grassflow")
         its = sorted(r["iterations"] for r in rs) if ours else None
         parts = " + ".join(_fmt(_mean(rs, f"test_nll_{p}")) for p in PARTS)
+        old = ours and "train_cpu_minutes" not in r0  # made before CPU budgets (issue 20)
         note = r0.get("note") or (f"ML variance {r0['sigma2']:.4f}" if "sigma2" in r0 else
                                   f"atol = rtol = {r0['atol']:g}")  # fmt: skip
+        if old:
+            note += "; budget in wall minutes, validation included (before issue 20)"
         distinct = {r.get("n_train_distinct") for r in rs} - {None, n_train}
         n_label = f"{n_train:,}" + "".join(f" ({d:,})" for d in sorted(distinct))
         if qm9:
             tail = "".join(f"{_fmt(_mean(rs, key), spec)} | " for key, spec in
                            (("jsd", ".4f"), ("broken_fraction", ".3f")))  # fmt: skip
-        elif "test_nll_novel" in r0 and r0["test_nll_novel"] is not None:
-            tail = f"{_mean(rs, 'test_nll_novel'):.2f} ({r0['n_test_novel']:,}) | "
+        elif r0.get("test_nll_novel") is not None:
+            tail = (f"{_mean(rs, 'test_nll_novel'):.2f} ± {_mean(rs, 'test_nll_novel_sem'):.2f} "
+                    f"({r0['n_test_novel']:,}) | ")  # fmt: skip
         else:
             tail = "– | "
-        cpu = _mean(rs, "train_cpu_minutes") if "train_cpu_minutes" in r0 else None
-        cpu = _mean(rs, "train_minutes") if ours and cpu is None else cpu
+        cpu = None if old else _mean(rs, "train_cpu_minutes")
+        wall = _mean(rs, "train_minutes") if old else _mean(rs, "train_wall_minutes")
         lines.append(
             f"| {'isotropic Gaussian (here)' if 'sigma2' in r0 else model} | {n_label} | "
-            f"{_fmt(budget, 'g')} | {_fmt(cpu)} | {_fmt(_mean(rs, 'train_wall_minutes'))} | "
+            f"{_fmt(budget, 'g')} | {_fmt(cpu)} | {_fmt(wall)} | "
             f"{r0.get('threads') or '–'} | "
             f"{'–' if not its else f'{its[0]:,}' + (f'–{its[-1]:,}' if k > 1 else '')} | "
             f"{_mean(rs, 'test_nll'):.2f} | {_fmt(_mean(rs, 'test_nll_sem'))} | "
