@@ -264,3 +264,27 @@ def test_reproduce_table2_options_reach_the_preset(tmp_path, monkeypatch, capsys
     assert seen["summary"] is None
     with pytest.raises(SystemExit):
         main(["reproduce", "table2", "--potential", "transformer"])
+
+
+def test_threads_option(monkeypatch, capsys):
+    # catches: --threads not reaching torch, auto not meaning one thread (or the environment's
+    # count), a bad value accepted silently, and a call of main() leaving its threads behind
+    import torch
+
+    from grassflow.training.threads import THREADS_ENV, resolve_threads
+
+    seen = []
+    monkeypatch.setattr("grassflow.cli.cmd_data_compare",
+                        lambda args: seen.append(torch.get_num_threads()))  # fmt: skip
+    before = torch.get_num_threads()
+    assert main(["--threads", "3", "data", "compare"]) == 0
+    assert main(["data", "compare", "--threads", "2"]) == 0
+    assert main(["data", "compare"]) == 0
+    monkeypatch.setenv(THREADS_ENV, "2")
+    assert main(["data", "compare"]) == 0
+    assert seen == [3, 2, 1, 2] and torch.get_num_threads() == before
+    assert main(["data", "compare", "--threads", "many"]) == 2
+    assert "threads must be 'auto' or a positive integer" in capsys.readouterr().err
+    monkeypatch.setenv(THREADS_ENV, "0")
+    with pytest.raises(ValueError, match=THREADS_ENV):
+        resolve_threads("auto")

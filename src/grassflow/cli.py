@@ -619,11 +619,14 @@ def main(argv: list[str] | None = None) -> int:
     invalid values), reported in one line. 3: training diverged. Other exceptions propagate
     with their traceback. Under torchrun the process group is left in every case.
     """
+    import torch
+
     from .training import TrainingDiverged
     from .training import distributed as dd
     from .training.threads import set_threads
 
     args = build_parser().parse_args(argv)
+    threads = torch.get_num_threads()  # restored on return: main() may be called in-process
     try:
         set_threads(args.threads)
         dd.init()  # under `torchrun --nproc_per_node N`: join the job (a no-op otherwise)
@@ -637,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         dd.shutdown()
+        torch.set_num_threads(threads)
     return 0
 
 
