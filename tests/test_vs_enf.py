@@ -323,3 +323,13 @@ def test_every_anchor_is_in_the_merged_rows_and_tables(tmp_path):
     (enf,) = [x for x in tables["qm9"] if x.startswith("| E-NF (paper) |")]
     (grcnf,) = [x for x in tables["qm9"] if x.startswith("| GrCNF (paper) |")]
     assert " | 0.0060 | " in enf and " | 0.0050 | " in grcnf
+
+
+def test_mean_sem_of_few_values():
+    # catches: a NaN standard error (std of one value) written into a row when a run has a
+    # single novel test configuration, or a crash when it has none
+    from grassflow.metrics import mean_sem
+
+    assert mean_sem("x", torch.tensor([1.0, 3.0])) == {"x": 2.0, "x_sem": pytest.approx(1.0)}
+    assert mean_sem("x", torch.tensor([5.0])) == {"x": 5.0, "x_sem": None}
+    assert mean_sem("x", torch.tensor([])) == {"x": None, "x_sem": None}

@@ -106,13 +106,9 @@ def _print_eval(result: dict) -> None:
     )
 
 
-def torch_threads() -> int:
+def cmd_demo(args) -> None:
     import torch
 
-    return torch.get_num_threads()
-
-
-def cmd_demo(args) -> None:
     from .experiments import textures as tx
     from .experiments import textures_figures as fig
 
@@ -126,7 +122,7 @@ def cmd_demo(args) -> None:
     budget = exp.train.budget_minutes
     limit = "" if budget is None else f" or {budget:g} {exp.train.clock} min, whichever first"
     print(f"training GrCNF on '{exp.dataset}' (Gr(1,3)) for {exp.train.iterations:,} iterations"
-          f"{limit}, {torch_threads()} thread(s); run directory {out}")
+          f"{limit}, {torch.get_num_threads()} thread(s); run directory {out}")
     tx.run(exp, out, resume=resume, progress=not args.no_progress)
     result = tx.evaluate(out)
     paths = fig.plot_run(out)

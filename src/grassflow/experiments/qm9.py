@@ -43,7 +43,7 @@ from ..data.qm9 import distance_histogram, load_qm9_positional
 from ..data.shapes import helmert_basis
 from ..distributions.cartesian import cartesian_elbo, random_orthogonal, shape_factor
 from ..flows import POTENTIALS, GrCNF, ShapeFlow
-from ..metrics import closest_pair_fraction, jsd
+from ..metrics import closest_pair_fraction, jsd, mean_sem
 from ..nn import PRESETS
 from ..nn.scale import GramDecoder, ScaleEstimator
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
@@ -257,10 +257,6 @@ def _status(run_dir: Path) -> dict:
             **{key: status[key] for key in TIMING_KEYS}}  # fmt: skip
 
 
-def _mean_sem(name: str, x: Tensor) -> dict[str, float]:
-    return {name: x.mean().item(), f"{name}_sem": (x.std() / len(x) ** 0.5).item()}
-
-
 def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) -> dict:
     """Test NLL of the exact model (-:meth:`ShapeFlow.log_prob`, with its parts), -ELBO and
     IWAE NLL of the paper's (nats per molecule, 54-D centred coordinates), and the distance
@@ -298,13 +294,13 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) 
     nll = -t["log_prob"]
 
     result = {
-        **_mean_sem("test_nll", nll),
+        **mean_sem("test_nll", nll),
         "test_nll_grassmann": -t["grassmann"].mean().item(),
         "test_nll_gram": -t["gram"].mean().item(),
         "mean_log_jacobian": -t["jacobian"].mean().item(),
         "uniform_nll_grassmann": m.shape.manifold.log_volume(),
-        **_mean_sem("paper_neg_elbo", -torch.cat(elbo)),
-        **_mean_sem("paper_nll_iwae", -torch.cat(iwae)),
+        **mean_sem("paper_neg_elbo", -torch.cat(elbo)),
+        **mean_sem("paper_nll_iwae", -torch.cat(iwae)),
         "jsd": jsd(distance_histogram(samples), train_hist),
         "paper_jsd": jsd(distance_histogram(samples_paper), train_hist),
         "jsd_test_data": jsd(distance_histogram(test.numpy()), train_hist),

@@ -35,6 +35,7 @@ from ..data.overlap import distinct_rows, novel_mask
 from ..data.particle_files import missing_files, shared_data_dir
 from ..data.shapes import helmert_basis
 from ..flows import POTENTIALS, ShapeFlow
+from ..metrics import mean_sem
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint
 from ..training.checkpoint import write_json
 from ..training.clock import Stopwatch
@@ -143,8 +144,8 @@ def isotropic_gaussian_nll(
     x, y = ((H.mT @ (X[s] - X[s].mean(dim=-2, keepdim=True))).flatten(1) for s in ("train", split))
     D, sigma2 = x.shape[1], x.pow(2).mean()
     nll = 0.5 * D * torch.log(2 * math.pi * sigma2) + y.pow(2).sum(1) / (2 * sigma2)
-    return {"test_nll": nll.mean().item(), "test_nll_sem": (nll.std() / len(nll) ** 0.5).item(),
-            "n_test": len(nll), "sigma2": sigma2.item(), "dims": D, "split": split}  # fmt: skip
+    return {**mean_sem("test_nll", nll), "n_test": len(nll), "sigma2": sigma2.item(), "dims": D,
+            "split": split}  # fmt: skip
 
 
 @dataclass
@@ -316,9 +317,9 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
         "system": exp.system, "model": exp.model, "n_train": exp.n_train, "seed": exp.seed,
         "n_train_distinct": len(data["train"]),
         "potential": exp.potential, "objective": exp.objective, "budget_minutes": exp.minutes,
-        "n_test": len(nll), "test_hash": test_hash, **_mean_sem(nll, "test_nll"),
+        "n_test": len(nll), "test_hash": test_hash, **mean_sem("test_nll", nll),
         **{f"test_nll_{p}": -t[p].mean().item() for p in PARTS},
-        "n_test_novel": int(novel.sum()), **_mean_sem(nll[novel], "test_nll_novel"),
+        "n_test_novel": int(novel.sum()), **mean_sem("test_nll_novel", nll[novel]),
         "uniform_nll_grassmann": model.manifold.log_volume(), "atol": exp.tol, "rtol": exp.tol,
         "iterations": status["flow"]["iterations"], "clock": status["flow"]["clock"],
         "threads": status["flow"]["threads"], "train_minutes": total("trained_minutes"),
@@ -331,13 +332,6 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
     }  # fmt: skip
     write_json(result, done)
     return result
-
-
-def _mean_sem(nll: torch.Tensor, name: str) -> dict:
-    """``{name: mean, name_sem: its standard error}`` (None for fewer than two values)."""
-    n = len(nll)
-    return {name: nll.mean().item() if n else None,
-            f"{name}_sem": (nll.std() / n**0.5).item() if n > 1 else None}  # fmt: skip
 
 
 def _key(r: dict) -> str:
