@@ -12,6 +12,7 @@ if "torch" not in _sys.modules:
     # (grassflow.training.threads); sleeping costs little. libgomp reads this when torch loads.
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from .baselines import EquivariantCNF
 from .distributions import MatrixGaussianPrior, UniformGrassmann
 from .flows import GrCNF, ShapeFlow
 from .manifolds import Grassmann
@@ -19,6 +20,7 @@ from .nn import GrassmannField, Potential
 from .ode import odeint_grassmann
 
 __all__ = [
+    "EquivariantCNF",
     "GrCNF",
     "Grassmann",
     "GrassmannField",

@@ -189,14 +189,16 @@ def _run_kind(run_dir: str):
     """The experiment module that wrote ``run_dir`` (textures, particles, vs-E-NF or shapes)."""
     import json
 
+    from .experiments import efm, shapes, vs_enf
     from .experiments import particles as px
-    from .experiments import shapes, vs_enf
     from .experiments import textures as tx
 
     path = Path(run_dir) / "experiment.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {run_dir} a grassflow run directory?")
     preset = json.loads(path.read_text())
+    if "coupling" in preset:
+        return efm
     if "system" in preset:
         return vs_enf if "tol" in preset else px
     return shapes if "n_points" in preset else tx
@@ -219,6 +221,11 @@ def cmd_eval(args) -> None:
         r = module.evaluate(args.run_dir)
         print(f"[{r['system']}, {r['model']}, n_train {r['n_train']}, atol = rtol = "
               f"{r['atol']:g}] Cartesian test NLL {_shape_nll(r)}")
+    elif module.__name__.endswith("efm"):
+        r = module.evaluate(args.run_dir)
+        print(f"[{r['system']}, {r['model']}, n_train {r['n_train']}, atol = rtol = "
+              f"{r['atol']:g}] Cartesian test NLL {r['test_nll']:.3f} ± "
+              f"{r['test_nll_sem']:.3f} nats")  # fmt: skip
     elif module.__name__.endswith("particles"):
         r = module.evaluate(args.run_dir)
         print(f"[{r['system']}, {r['protocol']}, {r['manifold']}] test NLL {r['test_nll']:.3f} "
@@ -237,7 +244,7 @@ def cmd_sample(args) -> None:
     from .training import distributed_sample
 
     module = _run_kind(args.run_dir)
-    if module.__name__.endswith(("shapes", "vs_enf")):
+    if module.__name__.endswith(("shapes", "vs_enf", "efm")):
         X = module.sample(args.run_dir, args.n, args.seed)
         out = Path(args.out).with_suffix(".npy")
         np.save(out, X)
@@ -333,14 +340,24 @@ def cmd_reproduce_table2(args) -> None:
     print(qm9_report.markdown_table(result))
 
 
-def cmd_reproduce_vs_enf(args) -> None:
-    from .experiments import vs_enf
+_EFM_OPTIONS = ("hidden", "layers", "lr", "batch_size", "coupling", "dtype")
 
-    base = vs_enf.ENFExperiment(potential=args.potential, objective=args.objective,
-                                tol=args.tol, data_dir=args.data_dir,
-                                gram_components=args.gram_components,
-                                gram_fraction=args.gram_fraction,
-                                gram_max_minutes=args.gram_max_minutes)  # fmt: skip
+
+def cmd_reproduce_vs_enf(args) -> None:
+    from .experiments import efm, vs_enf
+
+    options = {k: getattr(args, k) for k in _EFM_OPTIONS if getattr(args, k) is not None}
+    if args.model == "equivariant-cnf":
+        base = efm.EFMExperiment(tol=args.tol, data_dir=args.data_dir, **options)
+    elif options:
+        raise SystemExit(f"--{'/--'.join(k.replace('_', '-') for k in options)}: options of "
+                         "--model equivariant-cnf")  # fmt: skip
+    else:
+        base = vs_enf.ENFExperiment(potential=args.potential, objective=args.objective,
+                                    tol=args.tol, data_dir=args.data_dir,
+                                    gram_components=args.gram_components,
+                                    gram_fraction=args.gram_fraction,
+                                    gram_max_minutes=args.gram_max_minutes)  # fmt: skip
     vs_enf.sweep(
         tuple(args.systems), tuple(args.n_train), tuple(args.seeds), args.minutes, args.runs,
         args.out, base=base, progress=not args.no_progress,
@@ -555,10 +572,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=7.0,
                    help="training CPU minutes per run, both parts, in total over reruns (a larger "
                         "one continues the runs)")  # fmt: skip
+    p.add_argument("--model", default="shapeflow", choices=("shapeflow", "equivariant-cnf"),
+                   help="ours, or the equivariant flow-matching baseline (EFM; "
+                        "grassflow.baselines.EquivariantCNF)")  # fmt: skip
     p.add_argument("--potential", default="graph", choices=("graph", "mlp"))
     p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
     p.add_argument("--tol", type=float, default=1e-4,
                    help="ODE atol = rtol of validation and of the test NLL (E-NF's: 1e-4)")
+    efm_group = p.add_argument_group("equivariant-cnf", "the baseline's settings (defaults: "
+                                     "EGNN 32 x 3, lr 1e-3, batch 64, equivariant-ot, float32)")
+    efm_group.add_argument("--hidden", type=int)
+    efm_group.add_argument("--layers", type=int)
+    efm_group.add_argument("--lr", type=float)
+    efm_group.add_argument("--batch-size", type=int)
+    efm_group.add_argument("--coupling", choices=("independent", "ot", "equivariant-ot"))
+    efm_group.add_argument("--dtype", choices=("float32", "float64"), help="of training")
     p.add_argument("--gram-components", type=int, default=1,
                    help="Wishart mixture components of the Gram density")
     p.add_argument("--gram-fraction", type=float, default=0.1,

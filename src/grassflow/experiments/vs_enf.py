@@ -27,6 +27,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -43,8 +44,11 @@ from ..training.rng import seeded_init
 from .runs import claim_run_dir, data_identity, read_preset, training_status
 from .shapes import load_shape_flow, split_budget, train_shape_flow
 
+if TYPE_CHECKING:
+    from .efm import EFMExperiment
+
 __all__ = [
-    "ANCHORS", "ENF_SPLITS", "ENFExperiment", "build_model", "evaluate",
+    "ANCHORS", "ENF_SPLITS", "ENFExperiment", "build_model", "data_dir_of", "evaluate",
     "isotropic_gaussian_nll", "load_enf_splits", "markdown_table", "merge_rows", "qm9_model",
     "qm9_row", "run", "sweep",
 ]  # fmt: skip
@@ -92,7 +96,8 @@ ANCHORS = {
 QM9_N_TRAIN, QM9_N_TEST = 13832, 1813  # E-NF's QM9 positional split (19-atom molecules)
 
 
-def _data_dir(data_dir: str | Path | None) -> Path:
+def data_dir_of(data_dir: str | Path | None) -> Path:
+    """The folder of the Klein files: ``data_dir``, or the shared one by default."""
     shared = shared_data_dir() if data_dir is None else None
     if data_dir is None and shared is None:
         raise FileNotFoundError("no ../shared/data folder (or $GRASSFLOW_SHARED_DATA): pass "
@@ -114,7 +119,7 @@ def load_enf_splits(
         raise ValueError(f"system must be one of {tuple(ENF_SPLITS)}, got {system!r}")
     if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
         raise ValueError(f"n_train must be a positive integer, got {n_train!r}")
-    folder = _data_dir(data_dir)
+    folder = data_dir_of(data_dir)
     if missing := missing_files(system, "klein", folder):
         raise FileNotFoundError(f"{system} needs {', '.join(missing)} in {folder}")
     out = {}
@@ -265,7 +270,7 @@ def run(exp: ENFExperiment, run_dir: str | Path, *, force: bool = False, progres
     """Train (or continue) ``exp`` in ``run_dir`` on ``data`` (default its :data:`ENF_SPLITS`).
     A directory holding another run raises :class:`.runs.RunMismatch` (``force``: retrain)."""
     data = load_enf_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
-    identity = {"protocol": "vs_enf.ENF_SPLITS", "path": str(_data_dir(exp.data_dir).resolve()),
+    identity = {"protocol": "vs_enf.ENF_SPLITS", "path": str(data_dir_of(exp.data_dir).resolve()),
                 **data_identity(**{s: data[s] for s in ("train", "val", "test")})}  # fmt: skip
     claim_run_dir(run_dir, exp.to_dict(), identity, force=force,
                   budget_keys=("minutes", "flow_iterations", "gram_iterations"))  # fmt: skip
@@ -321,6 +326,7 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
         **{f"test_nll_{p}": -t[p].mean().item() for p in PARTS},
         "n_test_novel": int(novel.sum()), **mean_sem("test_nll_novel", nll[novel]),
         "uniform_nll_grassmann": model.manifold.log_volume(), "atol": exp.tol, "rtol": exp.tol,
+        "params": sum(p.numel() for p in model.parameters()),
         "iterations": status["flow"]["iterations"], "clock": status["flow"]["clock"],
         "threads": status["flow"]["threads"], "train_minutes": total("trained_minutes"),
         **{f"train_{c}_minutes": total(f"{c}_minutes") for c in ("cpu", "wall")},
@@ -343,7 +349,7 @@ def _key(r: dict) -> str:
 def sweep(
     systems: tuple[str, ...] = ("dw4", "lj13"), n_trains: tuple[int, ...] = (1000,),
     seeds: tuple[int, ...] = (0,), minutes: float = 7.0, runs_dir: str | Path = "runs/vs_enf",
-    out_dir: str | Path = "results", *, base: ENFExperiment | None = None,
+    out_dir: str | Path = "results", *, base: ENFExperiment | EFMExperiment | None = None,
     progress: bool = True, force: bool = False,
 ) -> list[dict]:  # fmt: skip
     """Train (or continue) and evaluate every (system, n_train, seed) run of ``base`` (its
@@ -351,7 +357,11 @@ def sweep(
     merge the rows, the isotropic Gaussian's and the anchors into ``out_dir/vs_enf.json``
     (key: system, model, n_train, budget, seed; rows of other systems, e.g. QM9, are kept)
     and write ``out_dir/vs_enf/<system>.md``. Returns this invocation's rows."""
+    from . import efm  # the baseline's runs (efm imports this module)
+
     base = ENFExperiment() if base is None else base
+    train_run, evaluate_run = (efm.run, efm.evaluate) if isinstance(base, efm.EFMExperiment) \
+        else (run, evaluate)  # fmt: skip
     for system in systems:  # missing files or rows: fail before training anything
         load_enf_splits(system, max(n_trains), base.data_dir)
     rows = []
@@ -365,8 +375,8 @@ def sweep(
                 exp = dataclasses.replace(base, system=system, n_train=n, seed=seed,
                                           minutes=minutes)  # fmt: skip
                 run_dir = Path(runs_dir) / exp.run_name
-                run(exp, run_dir, force=force, progress=progress, data=data)
-                rows.append({**evaluate(run_dir, data), "budget_minutes": minutes,
+                train_run(exp, run_dir, force=force, progress=progress, data=data)
+                rows.append({**evaluate_run(run_dir, data), "budget_minutes": minutes,
                              "run_dir": str(run_dir), "command": exp.command()})  # fmt: skip
     merge_rows(rows, out_dir)
     return rows
@@ -464,18 +474,21 @@ def markdown_table(rows: list[dict], system: str) -> str:
         "SEM: the test-set standard error (mean over seeds); seed SE: the standard error over "
         "seeds.", "",
         "| model | n_train | budget (CPU min) | CPU min | wall min | threads | iterations "
-        f"| test NLL | SEM | seed SE |{extra} Grassmann + Gram + Jacobian | seeds | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * qm9 + "---|---|---|",
+        f"| params | test NLL | SEM | seed SE |{extra} Grassmann + Gram + Jacobian | seeds "
+        "| note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * qm9 + "---|---|---|",
     ]  # fmt: skip
     groups: dict[tuple, list[dict]] = {}
     for r in (r for r in rows if r["system"] == system):
         groups.setdefault((r["model"], r["n_train"], r.get("budget_minutes")), []).append(r)
-    order = lambda g: (g[1][0].get("source") != "issue 14", g[0][0].startswith("grassflow"),
-                       g[0][1], g[0][0], g[0][2] or 0)  # fmt: skip
+    trained = lambda r: r.get("seed") is not None  # ShapeFlow's and the baseline's rows
+    order = lambda g: (g[1][0].get("source") != "issue 14", trained(g[1][0]), g[0][1],
+                       not g[0][0].startswith("grassflow"), g[0][0], g[0][2] or 0)  # fmt: skip
     for (model, n_train, budget), rs in sorted(groups.items(), key=order):
-        r0, k, ours = rs[0], len(rs), model.startswith("grassflow")
+        r0, k, ours = rs[0], len(rs), trained(rs[0])
         its = sorted(r["iterations"] for r in rs) if ours else None
         parts = " + ".join(_fmt(_mean(rs, f"test_nll_{p}")) for p in PARTS)
+        parts = parts if "test_nll_gram" in r0 else "–"
         old = ours and "train_cpu_minutes" not in r0  # made before CPU budgets (issue 20)
         note = r0.get("note") or (f"ML variance {r0['sigma2']:.4f}" if "sigma2" in r0 else
                                   f"atol = rtol = {r0['atol']:g}")  # fmt: skip
@@ -498,9 +511,10 @@ def markdown_table(rows: list[dict], system: str) -> str:
             f"{_fmt(budget, 'g')} | {_fmt(cpu)} | {_fmt(wall)} | "
             f"{r0.get('threads') or '–'} | "
             f"{'–' if not its else f'{its[0]:,}' + (f'–{its[-1]:,}' if k > 1 else '')} | "
-            f"{_mean(rs, 'test_nll'):.2f} | {_fmt(_mean(rs, 'test_nll_sem'))} | "
+            f"{_fmt(r0.get('params'), ',')} | {_mean(rs, 'test_nll'):.2f} | "
+            f"{_fmt(_mean(rs, 'test_nll_sem'))} | "
             f"{_fmt(_seed_se([r['test_nll'] for r in rs]))} | {tail}"
-            f"{parts if ours else '–'} | {k if ours else '–'} | {note} |"
+            f"{parts} | {k if ours else '–'} | {note} |"
         )  # fmt: skip
     commands = dict.fromkeys(r["command"] for r in rows if r["system"] == system and "command" in r)
     return "\n".join([*lines, "", "Made by:", *[f"- `{c}`" for c in commands]]) + "\n"

@@ -1,0 +1,52 @@
+"""Fitting an :class:`.EquivariantCNF` to clouds: resumable flow matching with the generic
+training loop, the best checkpoint chosen by the exact validation NLL."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from torch import Tensor
+
+from ..training import TrainConfig, TrainResult, load_checkpoint, train
+from .equivariant_cnf import EquivariantCNF
+from .matching import CFM_COUPLINGS, cfm_objective
+
+__all__ = ["fit_equivariant_cnf", "load_equivariant_cnf"]
+
+
+def fit_equivariant_cnf(
+    model: EquivariantCNF,
+    train_clouds: Tensor,
+    val_clouds: Tensor | None,
+    run_dir: str | Path,
+    config: TrainConfig,
+    *,
+    coupling: str = "equivariant-ot",
+    progress: bool = True,
+) -> TrainResult:
+    """Train (or continue) ``model`` on ``train_clouds: (N, n, d)`` in ``run_dir``.
+
+    The prior's scale is first fitted to the training clouds (:meth:`~.EquivariantCNF.
+    fit_prior`; the same value on resume). ``val_clouds: (M, n, d)`` are scored by the exact
+    NLL at ``config``'s validation times, and the best model is ``run_dir/best.pt``.
+
+    Args:
+        coupling: of the minibatch pairs, one of :data:`.CFM_COUPLINGS`.
+    """
+    if coupling not in CFM_COUPLINGS:
+        raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {coupling!r}")
+    model.fit_prior(train_clouds)
+    objective = functools.partial(cfm_objective, coupling=coupling)
+    return train(model, train_clouds, config, run_dir, val_data=val_clouds, objective=objective,
+                 resume=True, progress=progress)  # fmt: skip
+
+
+def load_equivariant_cnf(
+    model: EquivariantCNF, run_dir: str | Path, which: str = "best"
+) -> EquivariantCNF:
+    """``model`` with the ``which`` (``"best"`` or ``"last"``) checkpoint of ``run_dir``, cast
+    to ``model``'s dtype, in eval mode."""
+    ckpt = load_checkpoint(Path(run_dir) / f"{which}.pt", required=("model",))
+    model.load_state_dict(ckpt["model"])
+    return model.eval()

@@ -1,0 +1,189 @@
+"""The equivariant flow-matching baseline (:class:`~grassflow.baselines.EquivariantCNF`) on
+the vs-E-NF protocol: same files, splits, CPU budgets and evaluation as the ShapeFlow runs
+of :mod:`.vs_enf`, so their rows sit side by side in ``results/vs_enf.json``.
+
+* Budget: ``minutes`` of training CPU time (validation apart), like ShapeFlow's total.
+* Training in ``dtype`` (float32 by default: twice the steps per CPU second of float64 on
+  this CPU); validation and the test NLL in float64 at atol = rtol = ``tol``.
+
+A run directory ``<runs_dir>/<system>-<model>-n<n_train>-s<seed>`` holds ``experiment.json``,
+``data.json``, ``flow/`` (the training run) and ``eval.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
+from ..data.overlap import novel_mask
+from ..metrics import mean_sem
+from ..training import TrainConfig, load_checkpoint
+from ..training.checkpoint import write_json
+from ..training.clock import Stopwatch
+from ..training.rng import seeded_init
+from .runs import checkpoint_path, claim_run_dir, data_identity, read_preset, training_status
+from .vs_enf import ENF_SPLITS, SHAPES, data_dir_of, load_enf_splits
+
+__all__ = ["EFMExperiment", "build_model", "evaluate", "load_run", "run", "sample"]
+
+
+@dataclass
+class EFMExperiment:
+    """One baseline run. ``minutes`` and ``iterations`` may grow (the run continues); any
+    other change is another run.
+
+    Attributes:
+        system (``"dw4"``, ``"lj13"``), n_train, seed: as :class:`.vs_enf.ENFExperiment`.
+        minutes: training CPU minutes (validation apart).
+        tol: atol = rtol of validation and of the test NLL.
+        hidden, layers, attention, coord_range: the EGNN's.
+        lr, batch_size: Adam's; coupling: of the flow-matching pairs.
+        dtype: of training (evaluation is float64).
+        n_val: validation configurations (exact NLL after 100, 200, 400, ... iterations and
+            every ``val_every_minutes``).
+        chunk_size: configurations per ODE solve of the exact NLL.
+    """
+
+    system: str = "dw4"
+    n_train: int = 1000
+    seed: int = 0
+    minutes: float = 7.0
+    tol: float = 1e-4
+    hidden: int = 32
+    layers: int = 3
+    attention: bool = True
+    coord_range: float = 10.0
+    lr: float = 1e-3
+    batch_size: int = 64
+    coupling: str = "equivariant-ot"
+    dtype: str = "float32"
+    n_val: int = 200
+    val_every_minutes: float = 1.0
+    iterations: int = 10**7
+    chunk_size: int = 64
+    data_dir: str | None = None
+
+    def __post_init__(self):
+        if self.system not in ENF_SPLITS:
+            raise ValueError(f"system must be one of {tuple(ENF_SPLITS)}, got {self.system!r}")
+        if self.coupling not in CFM_COUPLINGS:
+            raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {self.coupling!r}")
+        if not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
+            raise ValueError(f"minutes must be > 0, got {self.minutes!r}")
+
+    @property
+    def model(self) -> str:
+        return (f"efm-egnn{self.hidden}x{self.layers}-{self.coupling}-lr{self.lr:g}"
+                f"-b{self.batch_size}")  # fmt: skip
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.system}-{self.model}-n{self.n_train}-s{self.seed}"
+
+    def command(self) -> str:
+        """The ``grassflow reproduce vs-enf`` line of this run."""
+        return (f"grassflow reproduce vs-enf --model equivariant-cnf --systems {self.system} "
+                f"--n-train {self.n_train} --seeds {self.seed} --minutes {self.minutes:g} "
+                f"--hidden {self.hidden} --layers {self.layers} --lr {self.lr:g} "
+                f"--batch-size {self.batch_size} --coupling {self.coupling} "
+                f"--tol {self.tol:g}")  # fmt: skip
+
+    def config(self) -> TrainConfig:
+        return TrainConfig(
+            lr=self.lr, batch_size=min(self.batch_size, self.n_train), iterations=self.iterations,
+            val_every=None, val_doubling_from=100, val_every_minutes=self.val_every_minutes,
+            log_every=200, checkpoint_every=2000, seed=self.seed, dtype=self.dtype,
+            total_budget_minutes=self.minutes,
+        )  # fmt: skip
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EFMExperiment:
+        return cls(**d)
+
+
+def build_model(exp: EFMExperiment) -> EquivariantCNF:
+    """The untrained float64 model of ``exp`` (weights seeded by ``exp.seed``)."""
+    with seeded_init(exp.seed):
+        return EquivariantCNF(
+            *SHAPES[exp.system], hidden=exp.hidden, layers=exp.layers, attention=exp.attention,
+            coord_range=exp.coord_range, atol=exp.tol, rtol=exp.tol, chunk_size=exp.chunk_size,
+        ).double()  # fmt: skip
+
+
+def run(exp: EFMExperiment, run_dir: str | Path, *, force: bool = False, progress: bool = True,
+        data: dict | None = None) -> None:  # fmt: skip
+    """Train (or continue) ``exp`` in ``run_dir`` on ``data`` (default its splits)."""
+    data = load_enf_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
+    identity = {"protocol": "vs_enf.ENF_SPLITS", "path": str(data_dir_of(exp.data_dir).resolve()),
+                **data_identity(**{s: data[s] for s in ("train", "val", "test")})}  # fmt: skip
+    claim_run_dir(run_dir, exp.to_dict(), identity, force=force,
+                  budget_keys=("minutes", "iterations"))  # fmt: skip
+    fit_equivariant_cnf(build_model(exp), data["train"], data["val"][: exp.n_val],
+                        Path(run_dir) / "flow", exp.config(), coupling=exp.coupling,
+                        progress=progress)  # fmt: skip
+
+
+def load_run(run_dir: str | Path) -> tuple[EFMExperiment, EquivariantCNF]:
+    """The preset and the float64 model with the best validation checkpoint, eval mode."""
+    exp = read_preset(Path(run_dir), EFMExperiment.from_dict, "vs-enf")
+    path = checkpoint_path(Path(run_dir) / "flow", "best")
+    return exp, load_equivariant_cnf(build_model(exp), path.parent, path.stem)
+
+
+def sample(run_dir: str | Path, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` generated configurations ``(n, n_points, d)``, centred."""
+    _, model = load_run(run_dir)
+    return model.sample(n, torch.Generator().manual_seed(seed)).numpy()
+
+
+def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
+    """Exact test NLL (nats per configuration, with SEM) of the best checkpoint, the same on
+    the novel test configurations, training and evaluation minutes and the parameter count,
+    as :func:`.vs_enf.evaluate` gives for ShapeFlow. Writes ``eval.json``; an existing one is
+    returned if it evaluated the run as it stands on the same test set."""
+    run_dir = Path(run_dir)
+    exp = read_preset(run_dir, EFMExperiment.from_dict, "vs-enf")
+    data = load_enf_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
+    status = training_status(run_dir / "flow")
+    done, test_hash = run_dir / "eval.json", data_identity(test=data["test"])["test"]
+    keys = ("iterations", "trained_minutes")
+    if done.exists():
+        old = json.loads(done.read_text())
+        if old.get("test_hash") == test_hash and all(old.get(k) == status[k] for k in keys):
+            return old
+    _, model = load_run(run_dir)
+    nfe = []
+    with torch.no_grad(), Stopwatch() as watch:
+        chunks = []
+        for c in data["test"].split(exp.chunk_size):
+            chunks.append(model.log_prob(c))
+            nfe.append(model.last_stats["nfe"])
+        nll = -torch.cat(chunks)
+    novel = torch.as_tensor(novel_mask(data["test"], data["train"], data["val"]))
+    best = run_dir / "flow" / "best.pt"
+    best = int(load_checkpoint(best)["iteration"]) if best.exists() else None
+    result = {
+        "system": exp.system, "model": exp.model, "n_train": exp.n_train, "seed": exp.seed,
+        "n_train_distinct": len(data["train"]), "budget_minutes": exp.minutes,
+        "n_test": len(nll), "test_hash": test_hash, **mean_sem("test_nll", nll),
+        "n_test_novel": int(novel.sum()), **mean_sem("test_nll_novel", nll[novel]),
+        "atol": exp.tol, "rtol": exp.tol, "params": sum(p.numel() for p in model.parameters()),
+        "prior_std": model.prior_std.item(), "eval_nfe_median": float(np.median(nfe)),
+        "iterations": status["iterations"], "clock": status["clock"],
+        "threads": status["threads"], "train_minutes": status["trained_minutes"],
+        **{f"train_{c}_minutes": status[f"{c}_minutes"] for c in ("cpu", "wall")},
+        **{f"val_{c}_minutes": status[f"val_{c}_minutes"] for c in ("cpu", "wall")},
+        "eval_cpu_minutes": watch.cpu / 60, "eval_wall_minutes": watch.wall / 60,
+        "trained_minutes": status["trained_minutes"], "best_iteration": best,
+    }  # fmt: skip
+    write_json(result, done)
+    return result

@@ -1,0 +1,213 @@
+"""The EFM baseline (grassflow.baselines): exact density, symmetries, normalization, CFM."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from conftest import mc_tolerance, random_orthogonal
+
+from grassflow.baselines import (
+    EGNNField,
+    EquivariantCNF,
+    align,
+    cfm_objective,
+    fit_equivariant_cnf,
+    load_equivariant_cnf,
+    orthogonal_cost,
+    procrustes,
+)
+from grassflow.baselines.matching import _assignment
+from grassflow.training import TrainConfig
+
+
+def _model(n=4, d=2, gain=0.5, **kw) -> EquivariantCNF:
+    """A model whose untrained field moves mass (the default init starts near zero)."""
+    torch.manual_seed(1)
+    m = EquivariantCNF(n, d, hidden=16, layers=2, atol=1e-7, rtol=1e-7, **kw)
+    for mlp in m.field.coord:
+        torch.nn.init.normal_(mlp[-1].weight, std=gain)
+    return m
+
+
+def _clouds(B, n, d, scale=1.5):
+    return scale * torch.randn(B, n, d) + 3.0  # any translation
+
+
+def test_zero_field_gives_the_normalized_prior_in_closed_form():
+    # bug caught: a wrong normalizer (n d instead of (n - 1) d dims, a missing 2 pi or scale)
+    m = EquivariantCNF(5, 3, prior_std=1.7)
+    for mlp in m.field.coord:
+        torch.nn.init.zeros_(mlp[-1].weight)
+    P = _clouds(7, 5, 3)
+    X = P - P.mean(1, keepdim=True)
+    D = 4 * 3
+    expected = -0.5 * D * math.log(2 * math.pi * 1.7**2) - X.square().sum((1, 2)) / (2 * 1.7**2)
+    with torch.no_grad():
+        torch.testing.assert_close(m.log_prob(P), expected)
+
+
+def test_fit_prior_is_the_maximum_likelihood_scale():
+    # bug caught: a scale fitted over n d (not (n - 1) d) coordinates or to uncentred clouds
+    P = _clouds(50, 6, 2)
+    m = EquivariantCNF(6, 2)
+    s = m.fit_prior(P)
+    X = P - P.mean(1, keepdim=True)
+    assert s == pytest.approx((X.square().sum() / (50 * 5 * 2)).sqrt().item(), rel=1e-12)
+    # it maximizes the Gaussian likelihood: nudging it either way lowers the zero-field NLL
+    for mlp in m.field.coord:
+        torch.nn.init.zeros_(mlp[-1].weight)
+    with torch.no_grad():
+        base = m.log_prob(P).mean()
+        for f in (0.97, 1.03):
+            m.prior_std.fill_(s * f)
+            assert m.log_prob(P).mean() < base
+
+
+def test_divergence_is_the_trace_of_the_full_jacobian():
+    # bug caught: a missing or doubled basis direction, a trace over the CoM directions too
+    m = _model(5, 3)
+    z = m.helmert(_clouds(3, 5, 3))
+    t = torch.tensor(0.37)
+    v, div = m._velocity_and_divergence(t, z)
+    J = torch.autograd.functional.jacobian(lambda y: m.velocity(t, y).sum(0), z)
+    traces = torch.stack([J[..., b, :, :].reshape(12, 12).trace() for b in range(3)])
+    torch.testing.assert_close(div, traces)
+    torch.testing.assert_close(v, m.velocity(t, z))
+
+
+def test_field_is_equivariant_to_rotation_reflection_translation_and_relabelling():
+    # bug caught: absolute positions entering the messages, an uncentred output, a pair
+    # index that breaks when the points are relabelled
+    f = _model(6, 3).field
+    x = _clouds(4, 6, 3)
+    Q, perm, c = random_orthogonal(3), torch.randperm(6), torch.randn(1, 1, 3)
+    t = torch.rand(4)
+    v = f(t, x)
+    torch.testing.assert_close(f(t, (x @ Q)[:, perm] + c), (v @ Q)[:, perm])
+    torch.testing.assert_close(v.sum(1), torch.zeros(4, 3), atol=1e-12, rtol=0)
+
+
+def test_log_prob_is_invariant():
+    # bug caught: a density that depends on the frame, the labels or the centre of mass
+    m = _model(4, 2)
+    P = _clouds(5, 4, 2)
+    Q, perm = random_orthogonal(2), torch.randperm(4)
+    with torch.no_grad():
+        torch.testing.assert_close(m.log_prob((P @ Q)[:, perm] - 5.0), m.log_prob(P), atol=1e-5,
+                                   rtol=0)  # fmt: skip
+
+
+def test_samples_and_their_log_prob_agree_with_log_prob():
+    # bug caught: a sign error in the forward accumulation of the divergence, or a sampler
+    # that integrates another field than the density
+    m = _model(4, 2)
+    X, logp = m.sample_with_log_prob(6, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(m.log_prob(X), logp, atol=1e-4, rtol=0)
+        torch.testing.assert_close(m.sample(6, torch.Generator().manual_seed(0)), X)
+    torch.testing.assert_close(X.mean(1), torch.zeros(6, 2), atol=1e-12, rtol=0)
+
+
+def test_density_integrates_to_one():
+    # bug caught: any error in the change of variables (a missing divergence term, the wrong
+    # time direction), which moves the integral away from 1 by far more than the tolerance.
+    # Importance sampling from a Gaussian q on the 6 CoM-free coordinates of 4 points in 2-D.
+    m = _model(4, 2, gain=0.3, chunk_size=4000)
+    m.prior_std.fill_(1.0)
+    s, N, D = 1.3, 4000, 6
+    z = s * torch.randn(N, 3, 2, generator=torch.Generator().manual_seed(3))
+    log_q = -0.5 * D * math.log(2 * math.pi * s**2) - z.square().sum((1, 2)) / (2 * s**2)
+    with torch.no_grad():
+        w = torch.exp(m.log_prob(m.clouds(z)) - log_q)
+        # the flow must move mass, or the test would only check the prior
+        moved = (m.log_prob(m.clouds(z)) - m.prior_log_prob(z)).abs().mean()
+    assert moved > 0.1
+    tol = mc_tolerance(w)
+    assert tol < 0.03  # power: a 3 % error in the density's mass is detectable
+    assert abs(w.mean().item() - 1.0) < tol
+
+
+def test_bad_input_is_named():
+    m = EquivariantCNF(4, 2)
+    with pytest.raises(ValueError, match=r"\(B, 4, 2\)"):
+        m.log_prob(torch.randn(3, 5, 2))
+    with pytest.raises(ValueError, match="float32"):
+        m.log_prob(torch.randn(3, 4, 2, dtype=torch.float32))
+    with pytest.raises(ValueError, match="finite"):
+        m.log_prob(torch.full((2, 4, 2), float("nan")))
+    with pytest.raises(ValueError, match="chunk_size"):
+        EquivariantCNF(4, 2, chunk_size=0)
+    with pytest.raises(ValueError, match="n_points >= 2"):
+        EGNNField(1, 2)
+    with pytest.raises(ValueError, match="coupling"):
+        cfm_objective(m, torch.randn(3, 4, 2), coupling="sinkhorn")
+
+
+# ------------------------------------------------------------------ couplings
+
+
+def test_orthogonal_cost_is_the_procrustes_minimum():
+    # bug caught: svdvals of the wrong product, a rotation-only (det +1) minimum
+    X0, X1 = (torch.randn(5, 6, 3) for _ in range(2))
+    X0, X1 = X0 - X0.mean(1, keepdim=True), X1 - X1.mean(1, keepdim=True)
+    C = orthogonal_cost(X0, X1)
+    for a, b in itertools.product(range(5), range(5)):
+        R = procrustes(X0[a], X1[b])
+        torch.testing.assert_close(R.mT @ R, torch.eye(3))
+        assert C[a, b] == pytest.approx((X0[a] - X1[b] @ R).square().sum().item(), abs=1e-10)
+        for _ in range(3):  # no other orthogonal matrix does better
+            assert C[a, b] <= (X0[a] - X1[b] @ random_orthogonal(3)).square().sum() + 1e-10
+
+
+def test_assignment_minimizes_the_summed_cost():
+    # bug caught: returning the inverse permutation (pairs x0[p[i]] with the wrong x1)
+    C = torch.rand(5, 5)
+    p = _assignment(C)
+    best = min(sum(C[q[i], i].item() for i in range(5)) for q in itertools.permutations(range(5)))
+    assert sum(C[p[i], i].item() for i in range(5)) == pytest.approx(best)
+
+
+def test_align_relabels_and_rotates_without_distorting():
+    # bug caught: an alignment that changes the shape (non-orthogonal map, duplicated points)
+    # or that moves x1 away from x0
+    x0 = torch.randn(8, 7, 3)
+    Q, perm = random_orthogonal(3), torch.randperm(7)
+    x1 = (x0 @ Q)[:, perm] + 0.05 * torch.randn(8, 7, 3)
+    x0, x1 = x0 - x0.mean(1, keepdim=True), x1 - x1.mean(1, keepdim=True)
+    y = align(x0, x1)
+    d = lambda X: torch.cdist(X, X).flatten(1).sort(1).values
+    torch.testing.assert_close(d(y), d(x1))
+    assert ((y - x0).square().sum((1, 2)) <= (x1 - x0).square().sum((1, 2))).all()
+    # a relabelled, rotated copy plus small noise is recovered: the residual is the noise's
+    assert (y - x0).square().sum((1, 2)).max() < 0.05**2 * 21 * 4
+
+
+def test_equivariant_ot_lowers_the_regression_target():
+    # bug caught: couplings that do not pair (the three losses would agree)
+    torch.manual_seed(0)
+    m = EquivariantCNF(6, 2)
+    for mlp in m.field.coord:
+        torch.nn.init.zeros_(mlp[-1].weight)  # v = 0: the loss is E |x1 - x0|^2
+    data = torch.randn(256, 6, 2) * torch.tensor([3.0, 0.5])
+    m.fit_prior(data)
+    loss = {c: cfm_objective(m, data, c)[0].item() for c in ("independent", "ot",
+                                                            "equivariant-ot")}  # fmt: skip
+    assert loss["equivariant-ot"] < loss["ot"] < loss["independent"]
+
+
+def test_fit_resumes_bit_exactly(tmp_path):
+    # bug caught: noise (prior clouds, times) drawn from a generator the checkpoint misses
+    torch.manual_seed(0)
+    data, val = torch.randn(40, 4, 2), torch.randn(8, 4, 2)
+    config = TrainConfig(iterations=6, batch_size=8, val_every=3, checkpoint_every=3,
+                         dtype="float64", log_every=3)  # fmt: skip
+    fit_equivariant_cnf(_model(), data, val, tmp_path / "a", config, progress=False)
+    fit_equivariant_cnf(_model(), data, val, tmp_path / "b", config.replace(iterations=3),
+                        progress=False)  # fmt: skip
+    fit_equivariant_cnf(_model(), data, val, tmp_path / "b", config, progress=False)
+    a, b = (load_equivariant_cnf(_model(), tmp_path / r, "last") for r in "ab")
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, atol=0, rtol=0)
+    assert a.prior_std.item() == pytest.approx(data.sub(data.mean(1, keepdim=True)).square()
+                                               .sum().div(40 * 6).sqrt().item())  # fmt: skip
