@@ -222,6 +222,7 @@ def make_dataset(
     burn_in: int | None = None,
     thin: int | None = None,
     step: float | None = None,
+    energy: Callable[[Tensor], Tensor] | None = None,
     progress: bool = True,
 ) -> tuple[np.ndarray, dict]:
     """Draw ``n`` samples of a particle system with MALA (see :data:`DATASET_DEFAULTS`).
@@ -259,6 +260,8 @@ def make_dataset(
         n: number of samples.
         seed: seed of the generator that draws the initial states and runs the chains.
         n_chains, burn_in, thin, step: override the per-system defaults.
+        energy: ``(C, n_particles, dim) -> (C,)`` energy to sample instead of the system's,
+            e.g. ``partial(lj13_energy, pairs="unique")``; the initial states are the same.
         progress: show a progress bar.
 
     Returns:
@@ -275,7 +278,7 @@ def make_dataset(
         sys_.name, cfg["n_chains"], sys_.n_particles, sys_.dim, cfg["init_scale"], generator
     )
     samples, stats = sample_mcmc(
-        sys_.energy,
+        sys_.energy if energy is None else energy,
         x0,
         n,
         method="mala",

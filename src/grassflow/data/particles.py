@@ -11,9 +11,14 @@ particles.
   term that keeps the cluster together,
   ``U = sum_{i != j} eps [(rm / r_ij)^12 - 2 (rm / r_ij)^6] + k sum_i |x_i - xbar|^2``.
 
-Both pair sums run over **ordered** pairs ``i != j`` (every pair counted twice), as in the
-code of Köhler et al. / bgflow and the reference samples of Klein et al. (2023); the
-double-counted LJ13 has ``<x . grad U> ~ 36`` at equilibrium.
+Conventions. DW4's ``1/(2 tau) sum_{i != j}`` counts every unordered pair once, as does
+bgflow's ``MultiDoubleWellPotential`` (``tau = 1``), so it is unambiguous. For LJ13 two
+conventions are in use: bgflow's ``LennardJonesPotential`` sums the ordered pairs and
+divides by 2 (each pair once, ``pairs="unique"``), while DEM's copy of it (used with the
+Klein et al. 2023 data) drops the ``/ 2`` by default (``energy_factor=1``) and notes that
+0.5 matches the E-ACF energy. The default here is the ordered, double-counted sum
+(``pairs="ordered"``): the reference samples of Klein et al. (2023) follow it, with
+``<x . grad U> ~ 36 = (n - 1) d`` at equilibrium (``benchmarks/lj_convention.py``).
 
 References:
     Köhler, Klein, Noé. Equivariant Flows: Exact Likelihood Generative Learning for
@@ -31,6 +36,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "PAIR_CONVENTIONS",
     "SYSTEMS",
     "ParticleSystem",
     "dw4_energy",
@@ -107,28 +113,45 @@ def dw4_energy(
     return (s2 * (b + c * s2)).sum(-1) / tau
 
 
-def lj13_energy(x: Tensor, *, eps: float = 1.0, rm: float = 1.0, harmonic: float = 0.5) -> Tensor:
-    """LJ13 energy: double-counted Lennard-Jones plus a harmonic term on the centred positions.
+PAIR_CONVENTIONS: tuple[str, ...] = ("ordered", "unique")
 
-    ``U = sum_{i != j} eps [(rm / r_ij)^12 - 2 (rm / r_ij)^6] + harmonic * sum_i |x_i - xbar|^2``
-    with ``xbar`` the mean position, so ``U`` is translation invariant. Coinciding particles
-    give ``U = +inf`` (a sampler rejects such a proposal) but never NaN from the diagonal,
-    which is left out of the pair sum.
+
+def lj13_energy(
+    x: Tensor,
+    *,
+    eps: float = 1.0,
+    rm: float = 1.0,
+    harmonic: float = 0.5,
+    pairs: str = "ordered",
+) -> Tensor:
+    """LJ13 energy: Lennard-Jones plus a harmonic term on the centred positions.
+
+    ``U = c sum_{i < j} eps [(rm / r_ij)^12 - 2 (rm / r_ij)^6] + harmonic * sum_i |x_i - xbar|^2``
+    with ``xbar`` the mean position, so ``U`` is translation invariant; ``c = 2`` for
+    ``pairs="ordered"`` (the sum over ``i != j``, every pair twice) and ``c = 1`` for
+    ``pairs="unique"`` (bgflow's ``LennardJonesPotential``). The harmonic term is the same in
+    both. Coinciding particles give ``U = +inf`` (a sampler rejects such a proposal) but
+    never NaN from the diagonal, which is left out of the pair sum.
 
     Args:
         x: ``(..., 13, 3)`` positions.
-        eps: depth of the pair well (per ordered pair).
+        eps: depth of the pair well (per ordered pair, or per pair with ``"unique"``).
         rm: distance of the pair minimum.
         harmonic: coefficient of the harmonic term.
+        pairs: ``"ordered"`` (default; the convention of the Klein et al. 2023 samples) or
+            ``"unique"``.
 
     Returns:
         ``(...)`` energies, same dtype as ``x``.
     """
     _check_shape(x, 13, 3, "lj13_energy")
+    if pairs not in PAIR_CONVENTIONS:
+        raise ValueError(f"unknown pairs={pairs!r}; choose one of {list(PAIR_CONVENTIONS)}")
     inv2 = rm**2 / pair_distances(x, squared=True)
     inv6 = inv2 * inv2 * inv2  # products, not pow: a cheaper backward in the MCMC loop
-    # x2 for the ordered pairs i != j (see the module docstring)
-    lj = 2.0 * eps * (inv6 * (inv6 - 2.0)).sum(-1)
+    # the i < j sum, doubled for the ordered pairs i != j (see the module docstring)
+    factor = 2.0 if pairs == "ordered" else 1.0
+    lj = factor * eps * (inv6 * (inv6 - 2.0)).sum(-1)
     centred = x - x.mean(dim=-2, keepdim=True)
     return lj + harmonic * (centred * centred).flatten(-2).sum(-1)
 

@@ -1,6 +1,13 @@
-"""Sample-quality metrics: on Gr(k, D), distance histograms, molecule alignment, contacts."""
+"""Sample-quality metrics: on Gr(k, D), distance histograms, molecule alignment, contacts,
+Boltzmann-generator metrics (energy W1, importance weights, ESS)."""
 
 from .alignment import align, nearest, shape_descriptor
+from .boltzmann import (
+    effective_sample_size,
+    energy_w1,
+    finite_energies,
+    log_importance_weights,
+)
 from .contacts import closest_pair_fraction
 from .histograms import histogram, jsd
 from .mmd import median_bandwidth, mmd2, pairwise_chordal_dist2
@@ -9,8 +16,12 @@ from .summary import mean_sem
 __all__ = [
     "align",
     "closest_pair_fraction",
+    "effective_sample_size",
+    "energy_w1",
+    "finite_energies",
     "histogram",
     "jsd",
+    "log_importance_weights",
     "mean_sem",
     "median_bandwidth",
     "mmd2",
