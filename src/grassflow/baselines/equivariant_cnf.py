@@ -56,7 +56,7 @@ class EquivariantCNF(nn.Module):
         prior_std: float = 1.0,
         atol: float = 1e-5,
         rtol: float = 1e-5,
-        chunk_size: int = 64,
+        chunk_size: int = 16,
     ):
         super().__init__()
         if not (isinstance(chunk_size, int) and chunk_size >= 1):

@@ -9,11 +9,11 @@ are chosen by a coupling:
 * ``"equivariant-ot"`` (EFM's "equivariant OT", as far as affordable on a CPU): the cost of
   a pair is its squared distance after the best orthogonal transformation of ``x1``
   (Procrustes, reflections allowed, for all B^2 pairs in one batched SVD); after the
-  assignment, each chosen ``x1`` is aligned to its ``x0`` by alternating a Hungarian
-  relabelling of its points and a Procrustes rotation (``rounds`` times). EFM searches the
-  relabelling for all B^2 pairs; here it is done for the B chosen pairs only, because B^2
-  Hungarian solves per step would cost more than the step itself. The data law is invariant
-  under both groups, so aligning ``x1`` changes the coupling, not the target density.
+  assignment, each chosen ``x1`` is relabelled and rotated towards its ``x0`` (:func:`align`:
+  alternating Hungarian relabelling and Procrustes rotation from several starts). EFM
+  searches the relabelling for all B^2 pairs; here it is done for the B chosen pairs only,
+  because B^2 Hungarian solves per step would cost more than the step itself. The data law
+  is invariant under both groups, so aligning ``x1`` changes the coupling, not the target.
 
 References:
     Lipman et al. Flow Matching for Generative Modeling. ICLR 2023.
@@ -62,17 +62,35 @@ def _assignment(cost: Tensor) -> Tensor:
     return torch.as_tensor(p, device=cost.device)
 
 
-def align(x0: Tensor, x1: Tensor, rounds: int = 2) -> Tensor:
-    """``x1`` relabelled and rotated towards ``x0`` (both ``(B, n, d)``, centred): ``rounds``
-    of (Procrustes rotation, then the Hungarian relabelling of x1's points to x0's), and a
-    final rotation. Each step can only lower ``|x0 - x1'|``."""
-    y = x1 @ procrustes(x0, x1)
+def _axis_starts(x0: Tensor, x1: Tensor) -> Tensor:
+    """``(2^d, B, d, d)`` orthogonal maps taking x1's principal axes onto x0's, one per choice
+    of the axes' signs: starts that a local alignment search cannot reach from each other."""
+    d = x0.shape[-1]
+    V0 = torch.linalg.svd(x0, full_matrices=False)[2].mT  # (B, d, d): columns = axes
+    V1 = torch.linalg.svd(x1, full_matrices=False)[2].mT
+    signs = torch.cartesian_prod(*[torch.tensor([1.0, -1.0])] * d).reshape(-1, d).to(x0)
+    return V1 @ torch.diag_embed(signs)[:, None] @ V0.mT
+
+
+def align(x0: Tensor, x1: Tensor, rounds: int = 1) -> Tensor:
+    """``x1`` relabelled and rotated towards ``x0`` (both ``(B, n, d)``, centred).
+
+    From each of the 2^d principal-axis starts (:func:`_axis_starts`) and from the
+    Procrustes rotation, ``rounds`` of (Hungarian relabelling of x1's points to x0's, then
+    Procrustes rotation); the closest result per pair is kept. A local search: it can miss
+    the global optimum, but it never returns x1 farther from x0 than the rotation alone."""
+    B, n, d = x1.shape
+    starts = torch.cat([_axis_starts(x0, x1), procrustes(x0, x1)[None]])  # (S, B, d, d)
+    X0 = x0.expand(len(starts), B, n, d).reshape(-1, n, d)
+    y = (x1 @ starts).reshape(-1, n, d)
     for _ in range(rounds):
-        cost = torch.cdist(x0, y).square()  # (B, n, n): x0's point i vs y's point j
+        cost = torch.cdist(X0, y).square()  # (S B, n, n): x0's point i vs y's point j
         perm = torch.stack([_assignment(c.T) for c in cost])  # y's point for each of x0's
         y = torch.gather(y, 1, perm.unsqueeze(-1).expand_as(y))
-        y = y @ procrustes(x0, y)
-    return y
+        y = y @ procrustes(X0, y)
+    y = y.reshape(len(starts), B, n, d)
+    best = (y - x0).square().sum((-2, -1)).argmin(0)  # (B,)
+    return y[best, torch.arange(B)]
 
 
 def cfm_losses(model: nn.Module, x0: Tensor, x1: Tensor, t: Tensor) -> Tensor:
