@@ -207,3 +207,36 @@ def test_fit_resumes_bit_exactly(tmp_path):
         torch.testing.assert_close(p, q, atol=0, rtol=0)
     assert a.prior_std.item() == pytest.approx(data.sub(data.mean(1, keepdim=True)).square()
                                                .sum().div(40 * 6).sqrt().item())  # fmt: skip
+
+
+def test_train_data_with_the_baseline_end_to_end(tmp_path, capsys):
+    # bug caught: the CLI training a ShapeFlow instead, the baseline seeing the wrong split, a
+    # prior fitted to other clouds, or eval/sample failing on a baseline run. After one
+    # a step of lr 1e-9 the field is still ~0, so the test NLL is the fitted CoM-free Gaussian's, recomputed here.
+    import json
+
+    import numpy as np
+
+    from grassflow.cli import main
+    from grassflow.experiments import shapes
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "c.npy", rng.standard_normal((60, 5, 2)) * [2.0, 0.5] + 1.0)
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(tmp_path / "c.npy"), "--model", "equivariant-cnf",
+                 "--run-dir", str(run), "--iterations", "1", "--lr", "1e-9", "--atol", "1e-4",
+                 "--rtol", "1e-4", "--no-progress"]) == 0  # fmt: skip
+    exp = json.loads((run / "experiment.json").read_text())
+    assert (exp["model"], exp["layers"], exp["n_points"]) == ("equivariant-cnf", 3, 5)
+    assert not (run / "gram").exists()
+    assert main(["eval", str(run), "--n-samples", "20"]) == 0
+    r = json.loads((run / "eval.json").read_text())
+    splits = shapes.load_clouds(shapes.ShapeExperiment.from_dict(exp))
+    X = {k: splits[k] - splits[k].mean(1, keepdim=True) for k in ("train", "test")}
+    var = X["train"].square().sum() / (len(X["train"]) * 4 * 2)
+    nll = 4 * math.log(2 * math.pi * var) + X["test"].square().sum((1, 2)) / (2 * var)
+    assert r["test_nll"] == pytest.approx(nll.mean().item(), abs=0.02)
+    assert "test_nll_gram" not in r and r["params"] > 0
+    assert main(["sample", str(run), "--n", "7", "--out", str(tmp_path / "s")]) == 0
+    S = np.load(tmp_path / "s.npy")
+    assert S.shape == (7, 5, 2) and np.abs(S.mean(1)).max() < 1e-10

@@ -1,17 +1,18 @@
-"""Users' own point clouds: train, evaluate, sample and plot a :class:`ShapeFlow`.
+"""Users' own point clouds: train, evaluate, sample and plot a :class:`ShapeFlow` (or the
+equivariant flow-matching baseline, :class:`~grassflow.baselines.EquivariantCNF`).
 
 ``grassflow train --data shapes.npy`` (or ``.npz``, or a folder of ``.xyz`` files) lands here.
-The clouds are split at random (seeded) into train / val / test. Two models are trained, in
-``run_dir/flow`` and ``run_dir/gram``: the GrCNF on Gr(d, n - 1) for the clouds' spans (flow
-matching by default, or maximum likelihood), then the Gram density by maximum likelihood. The
-Cartesian NLL is their sum plus a term of the data alone, so each part's validation NLL picks
-its checkpoint as the whole one would. :func:`train_shape_flow` and :func:`load_shape_flow`
-are this two-stage training and its loading for any :class:`ShapeFlow`; the QM9 experiment
-(:mod:`.qm9`) uses them too.
+The clouds are split at random (seeded) into train / val / test. For a ShapeFlow two models are
+trained, in ``run_dir/flow`` and ``run_dir/gram``: the GrCNF on Gr(d, n - 1) for the clouds'
+spans (flow matching by default, or maximum likelihood), then the Gram density by maximum
+likelihood. The Cartesian NLL is their sum plus a term of the data alone, so each part's
+validation NLL picks its checkpoint as the whole one would. :func:`train_shape_flow` and
+:func:`load_shape_flow` are this two-stage training and its loading for any :class:`ShapeFlow`;
+the QM9 experiment (:mod:`.qm9`) uses them too. The baseline (``model="equivariant-cnf"``) is
+one flow, trained by flow matching in ``run_dir/flow`` on the whole budget.
 
 A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``gram/``, ``eval.json``,
-``samples.npy`` / ``samples.xyz`` and the pictures.
-"""
+``samples.npy`` / ``samples.xyz`` and the pictures."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
 from ..data.point_clouds import load_point_clouds, write_xyz
 from ..distributions.cartesian import shape_factor
 from ..flows import POTENTIALS, ShapeFlow
@@ -34,12 +36,14 @@ from ..training.rng import seeded_init
 from .runs import checkpoint_path, claim_run_dir, data_identity, read_preset, training_status
 
 __all__ = [
-    "GramTerm", "ShapeExperiment", "build_model", "evaluate", "load_clouds", "load_run",
+    "MODELS", "GramTerm", "ShapeExperiment", "build_model", "evaluate", "load_clouds", "load_run",
     "load_shape_flow", "plot", "run", "sample", "split_budget", "train_shape_flow",
     "write_xyz",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
+
+MODELS = ("shapeflow", "equivariant-cnf")
 
 
 def split_budget(
@@ -76,8 +80,11 @@ class ShapeExperiment:
         data: a ``.npy`` array (N, n, d), an ``.npz`` (array ``key``), or a folder or file of
             ``.xyz`` frames (see :func:`grassflow.data.point_clouds.load_point_clouds`).
         key: the ``.npz`` array's name.
+        model: ``"shapeflow"`` (ours) or ``"equivariant-cnf"`` (the EFM baseline, trained by
+            flow matching with ``coupling``; ``hidden`` and ``layers`` are its EGNN's,
+            default 32 and 3, and ``flow`` its training).
         potential: ``"graph"`` (permutation invariant) or ``"mlp"`` (the paper's).
-        hidden, layers: the potential's widths (see :class:`ShapeFlow`).
+        hidden, layers: the potential's widths (see :class:`ShapeFlow`; layers default 2).
         prior: the GrCNF base, ``"uniform"`` or ``"gaussian"``.
         objective: the GrCNF's, ``"fm"``, ``"fm-ot"`` or ``"mle"``.
         atol, rtol: ODE tolerances (of training with MLE and of every evaluation).
@@ -90,9 +97,10 @@ class ShapeExperiment:
 
     data: str
     key: str | None = None
+    model: str = "shapeflow"
     potential: str = "graph"
     hidden: int | tuple[int, ...] | None = None
-    layers: int = 2
+    layers: int | None = None
     prior: str = "uniform"
     objective: str = "fm"
     atol: float = 1e-5
@@ -107,8 +115,15 @@ class ShapeExperiment:
     n_points: int | None = None
     dim: int | None = None
     labels: tuple[int, ...] | None = None
+    coupling: str = "equivariant-ot"
 
     def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.coupling not in CFM_COUPLINGS:
+            raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {self.coupling!r}")
+        if self.layers is None:  # resolved, so that the saved preset says what was trained
+            self.layers = 3 if self.model == "equivariant-cnf" else 2
         if self.potential not in POTENTIALS:
             raise ValueError(f"potential must be one of {POTENTIALS}, got {self.potential!r}")
         if self.objective not in OBJECTIVES:
@@ -157,10 +172,14 @@ def load_clouds(exp: ShapeExperiment) -> dict:
     }  # fmt: skip
 
 
-def build_model(exp: ShapeExperiment) -> ShapeFlow:
-    """The :class:`ShapeFlow` of ``exp`` (``n_points`` and ``dim`` resolved), float64."""
+def build_model(exp: ShapeExperiment) -> ShapeFlow | EquivariantCNF:
+    """The model of ``exp`` (``n_points`` and ``dim`` resolved), float64."""
     labels = None if exp.labels is None else torch.tensor(exp.labels)
     with seeded_init(exp.flow.seed):
+        if exp.model == "equivariant-cnf":
+            return EquivariantCNF(exp.n_points, exp.dim, hidden=exp.hidden or 32,
+                                  layers=exp.layers, atol=exp.atol, rtol=exp.rtol,
+                                  chunk_size=exp.chunk_size).double()  # fmt: skip
         return ShapeFlow(
             exp.n_points, exp.dim, potential=exp.potential, hidden=exp.hidden,
             layers=exp.layers, labels=labels, prior=exp.prior, atol=exp.atol, rtol=exp.rtol,
@@ -258,16 +277,25 @@ def run(
     claim_run_dir(run_dir, exp.to_dict(), identity, force=force, resume=resume,
                   budget_keys=("flow.iterations", "gram.iterations", "flow.total_budget_minutes",
                                "gram.total_budget_minutes"))  # fmt: skip
-    train_shape_flow(build_model(exp), splits["train"], splits["val"], run_dir, exp.flow,
-                     exp.gram, objective=exp.objective, n_val_flow=exp.n_val_flow,
-                     progress=progress)  # fmt: skip
+    model = build_model(exp)
+    if exp.model == "equivariant-cnf":
+        fit_equivariant_cnf(model, splits["train"], splits["val"][: exp.n_val_flow],
+                            run_dir / "flow", exp.flow, coupling=exp.coupling,
+                            progress=progress)  # fmt: skip
+    else:
+        train_shape_flow(model, splits["train"], splits["val"], run_dir, exp.flow, exp.gram,
+                         objective=exp.objective, n_val_flow=exp.n_val_flow,
+                         progress=progress)  # fmt: skip
     return exp
 
 
-def load_run(run_dir: str | Path) -> tuple[ShapeExperiment, ShapeFlow]:
+def load_run(run_dir: str | Path) -> tuple[ShapeExperiment, ShapeFlow | EquivariantCNF]:
     """The preset and the model with each part's best validation checkpoint, eval mode."""
     run_dir = Path(run_dir)
     exp = read_preset(run_dir, ShapeExperiment.from_dict, "shape")
+    if exp.model == "equivariant-cnf":
+        path = checkpoint_path(run_dir / "flow", "best")
+        return exp, load_equivariant_cnf(build_model(exp), path.parent, path.stem)
     return exp, load_shape_flow(build_model(exp), run_dir)
 
 
@@ -296,19 +324,24 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, seed: int = 0) -> dict:
     exp, model = load_run(run_dir)
     test = load_clouds(exp)["test"]
     with torch.no_grad():
-        terms = model.log_prob_terms(test)
+        if isinstance(model, ShapeFlow):
+            terms = model.log_prob_terms(test)
+        else:
+            terms = {"log_prob": torch.cat([model.log_prob(c) for c in test.split(64)])}
     X = sample(run_dir, n_samples, seed)
     a, b = _distances(X), _distances(test.numpy())
     hi = float(np.quantile(b, 0.999)) * 1.5
+    parts = {}
+    if isinstance(model, ShapeFlow):
+        parts = {f"test_nll_{p}": -terms[p].mean().item() for p in ("grassmann", "gram",
+                                                                     "jacobian")}  # fmt: skip
+        parts["uniform_nll_grassmann"] = model.manifold.log_volume()
     result = {
-        "n_test": len(test), "n_points": exp.n_points, "dim": exp.dim,
+        "n_test": len(test), "n_points": exp.n_points, "dim": exp.dim, "model": exp.model,
         "potential": exp.potential, "objective": exp.objective,
         "test_nll": -terms["log_prob"].mean().item(),
-        "test_nll_sem": (terms["log_prob"].std() / len(test) ** 0.5).item(),
-        "test_nll_grassmann": -terms["grassmann"].mean().item(),
-        "test_nll_gram": -terms["gram"].mean().item(),
-        "test_nll_jacobian": -terms["jacobian"].mean().item(),
-        "uniform_nll_grassmann": model.manifold.log_volume(),
+        "test_nll_sem": (terms["log_prob"].std() / len(test) ** 0.5).item(), **parts,
+        "params": sum(p.numel() for p in model.parameters()),
         "distance_jsd": jsd(histogram(a, 100, 0.0, hi), histogram(b, 100, 0.0, hi)),
         **{f"{part}_{key}": value for part in ("flow", "gram")
            for key, value in training_status(run_dir / part).items()},
