@@ -109,6 +109,9 @@ class StubModel:
         self.n, self.d, self.seen, self.samples = n, d, [], []
         self.manifold = types.SimpleNamespace(log_volume=lambda: 1.25)
 
+    def parameters(self):
+        return iter([torch.zeros(2)])
+
     def log_prob_terms(self, P):
         self.seen.append(P.clone())
         g = -P.pow(2).sum((1, 2))

@@ -268,6 +268,9 @@ def test_eval_cache_needs_both_parts_unchanged(tmp_path, monkeypatch):
     class Stub:  # a model whose NLL says how many times it was evaluated
         manifold = types.SimpleNamespace(log_volume=lambda: 1.0)
 
+        def parameters(self):
+            return iter([torch.zeros(3)])
+
         def log_prob_terms(self, P):
             evaluations.append(len(P))
             lp = torch.full((len(P),), -float(len(evaluations)), dtype=P.dtype)

@@ -324,7 +324,7 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, seed: int = 0) -> dict:
     exp, model = load_run(run_dir)
     test = load_clouds(exp)["test"]
     with torch.no_grad():
-        if isinstance(model, ShapeFlow):
+        if exp.model == "shapeflow":
             terms = model.log_prob_terms(test)
         else:
             terms = {"log_prob": torch.cat([model.log_prob(c) for c in test.split(64)])}
@@ -332,7 +332,7 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, seed: int = 0) -> dict:
     a, b = _distances(X), _distances(test.numpy())
     hi = float(np.quantile(b, 0.999)) * 1.5
     parts = {}
-    if isinstance(model, ShapeFlow):
+    if exp.model == "shapeflow":
         parts = {f"test_nll_{p}": -terms[p].mean().item() for p in ("grassmann", "gram",
                                                                      "jacobian")}  # fmt: skip
         parts["uniform_nll_grassmann"] = model.manifold.log_volume()
