@@ -22,15 +22,21 @@ import torch
 
 from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
 from ..data.overlap import novel_mask
-from ..metrics import mean_sem
+from ..data.qm9 import distance_histogram
+from ..metrics import closest_pair_fraction, jsd, mean_sem
 from ..training import TrainConfig, load_checkpoint
 from ..training.checkpoint import write_json
 from ..training.clock import Stopwatch
 from ..training.rng import seeded_init
 from .runs import checkpoint_path, claim_run_dir, data_identity, read_preset, training_status
-from .vs_enf import ENF_SPLITS, SHAPES, data_dir_of, load_enf_splits
+from .vs_enf import SHAPES, data_dir_of, load_enf_splits
 
-__all__ = ["EFMExperiment", "build_model", "evaluate", "load_run", "run", "sample"]
+SYSTEMS = {**SHAPES, "qm9": (19, 3)}  # QM9 positional: 19 atoms, E-NF's split
+
+__all__ = [
+    "SYSTEMS", "EFMExperiment", "build_model", "evaluate", "load_run", "load_splits", "run",
+    "sample",
+]  # fmt: skip
 
 
 @dataclass
@@ -39,7 +45,9 @@ class EFMExperiment:
     other change is another run.
 
     Attributes:
-        system (``"dw4"``, ``"lj13"``), n_train, seed: as :class:`.vs_enf.ENFExperiment`.
+        system (``"dw4"``, ``"lj13"``, ``"qm9"``), n_train, seed: as
+            :class:`.vs_enf.ENFExperiment`; QM9 is E-NF's positional split (its 13,832 training
+            molecules at most, validation on ``valid``, the 1,813 test molecules).
         minutes: training CPU minutes (validation apart).
         tol: atol = rtol of validation and of the test NLL.
         hidden, layers, attention, coord_range: the EGNN's.
@@ -47,6 +55,8 @@ class EFMExperiment:
         dtype: of training.
         n_val: validation configurations (exact NLL after 100, 200, 400, ... iterations and
             every ``val_every_minutes``).
+        data_dir: the Klein files' folder (None: the shared one), or for QM9 the cache of
+            :func:`grassflow.data.qm9.load_qm9_positional` (None: ``data``).
         chunk_size: configurations per ODE solve of the exact NLL (small chunks keep the
             (n - 1) d forward-mode products in cache).
         eval_dtype: of validation and the test NLL. float32 costs a third of float64's CPU
@@ -75,8 +85,8 @@ class EFMExperiment:
     data_dir: str | None = None
 
     def __post_init__(self):
-        if self.system not in ENF_SPLITS:
-            raise ValueError(f"system must be one of {tuple(ENF_SPLITS)}, got {self.system!r}")
+        if self.system not in SYSTEMS:
+            raise ValueError(f"system must be one of {tuple(SYSTEMS)}, got {self.system!r}")
         if self.coupling not in CFM_COUPLINGS:
             raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {self.coupling!r}")
         if not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
@@ -119,16 +129,34 @@ def build_model(exp: EFMExperiment) -> EquivariantCNF:
     """The untrained model of ``exp`` (weights seeded by ``exp.seed``) in ``eval_dtype``."""
     with seeded_init(exp.seed):
         return EquivariantCNF(
-            *SHAPES[exp.system], hidden=exp.hidden, layers=exp.layers, attention=exp.attention,
+            *SYSTEMS[exp.system], hidden=exp.hidden, layers=exp.layers, attention=exp.attention,
             coord_range=exp.coord_range, atol=exp.tol, rtol=exp.tol, chunk_size=exp.chunk_size,
         ).to(getattr(torch, exp.eval_dtype))  # fmt: skip
+
+
+def load_splits(system: str, n_train: int, data_dir: str | None = None) -> dict:
+    """``{"train", "val", "test"}`` clouds ``(N, n, d)`` float64: :func:`.vs_enf.load_enf_splits`
+    for DW4 and LJ13; for QM9 the first ``n_train`` training molecules of E-NF's split, its
+    validation and its 1,813 test molecules (centred)."""
+    if system != "qm9":
+        return load_enf_splits(system, n_train, data_dir)
+    from .qm9 import load_molecules
+
+    X = load_molecules("data" if data_dir is None else data_dir)
+    return {"train": X["train"][:n_train], "val": X["valid"], "test": X["test"]}
+
+
+def _protocol(exp: EFMExperiment) -> dict:
+    if exp.system == "qm9":
+        return {"protocol": "qm9 positional (E-NF's split)"}
+    return {"protocol": "vs_enf.ENF_SPLITS", "path": str(data_dir_of(exp.data_dir).resolve())}
 
 
 def run(exp: EFMExperiment, run_dir: str | Path, *, force: bool = False, progress: bool = True,
         data: dict | None = None) -> None:  # fmt: skip
     """Train (or continue) ``exp`` in ``run_dir`` on ``data`` (default its splits)."""
-    data = load_enf_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
-    identity = {"protocol": "vs_enf.ENF_SPLITS", "path": str(data_dir_of(exp.data_dir).resolve()),
+    data = load_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
+    identity = {**_protocol(exp),
                 **data_identity(**{s: data[s] for s in ("train", "val", "test")})}  # fmt: skip
     claim_run_dir(run_dir, exp.to_dict(), identity, force=force,
                   budget_keys=("minutes", "iterations"))  # fmt: skip
@@ -157,7 +185,7 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
     returned if it evaluated the run as it stands on the same test set."""
     run_dir = Path(run_dir)
     exp = read_preset(run_dir, EFMExperiment.from_dict, "vs-enf")
-    data = load_enf_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
+    data = load_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
     status = training_status(run_dir / "flow")
     done, test_hash = run_dir / "eval.json", data_identity(test=data["test"])["test"]
     keys = ("iterations", "trained_minutes")
@@ -174,6 +202,12 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
             nfe.append(model.last_stats["nfe"])
         nll = -torch.cat(chunks)
     novel = torch.as_tensor(novel_mask(data["test"], data["train"], data["val"]))
+    extra = {}
+    if exp.system == "qm9":  # E-NF's sample metrics: distance JSD and broken molecules
+        samples = model.sample(1000, torch.Generator().manual_seed(exp.seed)).double().numpy()
+        np.save(run_dir / "samples.npy", samples.astype(np.float32))
+        extra = {"jsd": jsd(distance_histogram(samples), distance_histogram(
+            data["train"].numpy())), "broken_fraction": closest_pair_fraction(samples)}
     best = run_dir / "flow" / "best.pt"
     best = int(load_checkpoint(best)["iteration"]) if best.exists() else None
     result = {
@@ -188,7 +222,7 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
         **{f"train_{c}_minutes": status[f"{c}_minutes"] for c in ("cpu", "wall")},
         **{f"val_{c}_minutes": status[f"val_{c}_minutes"] for c in ("cpu", "wall")},
         "eval_cpu_minutes": watch.cpu / 60, "eval_wall_minutes": watch.wall / 60,
-        "trained_minutes": status["trained_minutes"], "best_iteration": best,
+        "trained_minutes": status["trained_minutes"], "best_iteration": best, **extra,
     }  # fmt: skip
     write_json(result, done)
     return result
