@@ -77,8 +77,8 @@ _EFM_NOTE = ("these files; GPU; published value (as issue 21 quotes it) + ((n-1)
 # (model, training minutes, test NLL, note). E-NF: vgsatorras/en_flows' default settings
 # trained on this kind of machine, one CPU thread, on the Klein files, evaluated at
 # atol = rtol = 1e-4. "E-NF (paper)": Garcia Satorras et al. 2021, its own data. "EFM
-# (paper)": Klein, Krämer & Noé 2023, the model the baseline (:mod:`.efm`) reimplements. Midgley et al.
-# 2023 (SE(3) augmented coupling flows): the best published, GPU, E-NF's data, 3 seeds.
+# (paper)": Klein, Krämer & Noé 2023, the model the baseline (:mod:`.efm`) reimplements.
+# Midgley et al. 2023 (SE(3) augmented coupling flows): GPU, E-NF's data, 3 seeds.
 ANCHORS = {
     "dw4": [("E-NF", 7, 7.92, "1 CPU thread, same split, atol = rtol = 1e-4"),
             ("E-NF", 20, 7.64, "1 CPU thread, same split, atol = rtol = 1e-4"),
