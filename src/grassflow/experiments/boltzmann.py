@@ -7,12 +7,16 @@ Wasserstein-1), and the Kish effective sample size of the importance weights
 that generated the Klein et al. files (:mod:`grassflow.data.particles`: LJ pairs counted
 twice, ``results/lj_convention.md``) at temperature 1, and q the model's density on the
 CoM-free coordinates, on which ``exp(-U)`` is the Boltzmann density too (U is translation
-invariant). Writes ``boltzmann.json`` and ``energies.npz`` in the run directory.
+invariant). The same weights estimate log Z, hence ``boltzmann_test_nll``, the test NLL of
+the Boltzmann density itself: the floor that no model of these files can beat (up to the
+estimate's downward bias when the ESS is small). Writes ``boltzmann.json`` and
+``energies.npz`` in the run directory.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -73,13 +77,18 @@ def evaluate(run_dir: str | Path, n_samples: int = 10_000, n_weighted: int = 100
     u_model, u_test = _energies(exp.system, X), _energies(exp.system, data["test"])
     u_val = _energies(exp.system, data["val"])
     finite, dropped = finite_energies(u_model)
-    log_w = log_importance_weights(-torch.as_tensor(_energies(exp.system, Xw)), log_q.double())
+    log_ratio = -torch.as_tensor(_energies(exp.system, Xw)) - log_q.double()
+    log_w = log_importance_weights(log_ratio + log_q.double(), log_q.double())
+    # log Z = log E_q[exp(-U) / q] (an importance-sampling estimate, biased low when the ESS
+    # is small), so E_test[U] + log Z is the test NLL of the Boltzmann density itself
+    log_z = (torch.logsumexp(log_ratio, 0) - math.log(len(log_ratio))).item()
     result = {
         **key, "system": exp.system, "model": exp.model, "seed_run": exp.seed,
         "budget_minutes": exp.minutes, "energy_w1": energy_w1(finite, u_test),
         "energy_w1_floor": energy_w1(u_val, u_test), "n_infinite_energy": dropped,
         "energy_mean": float(finite.mean()), "energy_mean_test": float(u_test.mean()),
         "energy_median": float(np.median(finite)), "ess": effective_sample_size(log_w),
+        "log_z": log_z, "boltzmann_test_nll": float(u_test.mean()) + log_z,
         "sample_cpu_minutes": sampling.cpu / 60, "weight_cpu_minutes": weighting.cpu / 60,
     }  # fmt: skip
     np.savez_compressed(run_dir / "energies.npz", model=u_model.astype(np.float32),
