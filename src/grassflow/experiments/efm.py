@@ -53,8 +53,8 @@ class EFMExperiment:
         hidden, layers, attention, coord_range: the EGNN's.
         lr, batch_size: Adam's; coupling: of the flow-matching pairs.
         dtype: of training.
-        n_val: validation configurations (exact NLL after 100, 200, 400, ... iterations and
-            every ``val_every_minutes``).
+        n_val: validation configurations (exact NLL after ``val_doubling_from`` x 1, 2, 4,
+            ... iterations, every ``val_every_minutes`` and at the end; None: not then).
         data_dir: the Klein files' folder (None: the shared one), or for QM9 the cache of
             :func:`grassflow.data.qm9.load_qm9_positional` (None: ``data``).
         chunk_size: configurations per ODE solve of the exact NLL (small chunks keep the
@@ -78,7 +78,8 @@ class EFMExperiment:
     coupling: str = "equivariant-ot"
     dtype: str = "float32"
     n_val: int = 100
-    val_every_minutes: float = 2.0
+    val_every_minutes: float | None = 2.0
+    val_doubling_from: int | None = 100
     iterations: int = 10**7
     chunk_size: int = 8
     eval_dtype: str = "float32"
@@ -112,7 +113,8 @@ class EFMExperiment:
     def config(self) -> TrainConfig:
         return TrainConfig(
             lr=self.lr, batch_size=min(self.batch_size, self.n_train), iterations=self.iterations,
-            val_every=None, val_doubling_from=100, val_every_minutes=self.val_every_minutes,
+            val_every=None, val_doubling_from=self.val_doubling_from,
+            val_every_minutes=self.val_every_minutes,
             log_every=200, checkpoint_every=2000, seed=self.seed, dtype=self.dtype,
             total_budget_minutes=self.minutes,
         )  # fmt: skip
