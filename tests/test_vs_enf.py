@@ -298,13 +298,15 @@ def test_every_anchor_is_in_the_merged_rows_and_tables(tmp_path):
     # catches: an ANCHORS row missing from vs_enf.json or its table, or with another number
     rows = vs_enf.merge_rows([], tmp_path)
     saved = json.loads((tmp_path / "vs_enf.json").read_text())
-    assert len(rows) == len(saved) == sum(len(t) for t in vs_enf.ANCHORS.values()) == 15
+    assert len(rows) == len(saved) == sum(len(t) for t in vs_enf.ANCHORS.values()) == 17
     by_key = {(r["system"], r["model"], r["budget_minutes"]): r for r in saved}
     expected = {
         ("dw4", "E-NF", 7): 7.92, ("dw4", "E-NF", 20): 7.64, ("dw4", "E-NF (paper)", None): 8.15,
         ("dw4", "Midgley et al. 2023", None): 8.71,
         ("dw4", "isotropic Gaussian (issue 14)", None): 12.94,
         ("dw4", "GrCNF (paper, Table 1)", None): -13.74,
+        ("dw4", "EFM (paper), normalized", None): 7.19,
+        ("lj13", "EFM (paper), normalized", None): 17.0,
         ("lj13", "E-NF", 7): 31.85, ("lj13", "E-NF (paper)", None): 30.56,
         ("lj13", "Midgley et al. 2023", None): 30.21,
         ("lj13", "isotropic Gaussian (issue 14)", None): 38.67,
