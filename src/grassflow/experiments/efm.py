@@ -79,7 +79,7 @@ class EFMExperiment:
     dtype: str = "float32"
     n_val: int = 100
     val_every_minutes: float | None = 2.0
-    val_doubling_from: int | None = 100
+    val_doubling_from: int | None = None
     iterations: int = 10**7
     chunk_size: int = 8
     eval_dtype: str = "float32"
