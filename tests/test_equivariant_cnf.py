@@ -240,3 +240,17 @@ def test_train_data_with_the_baseline_end_to_end(tmp_path, capsys):
     assert main(["sample", str(run), "--n", "7", "--out", str(tmp_path / "s")]) == 0
     S = np.load(tmp_path / "s.npy")
     assert S.shape == (7, 5, 2) and np.abs(S.mean(1)).max() < 1e-10
+
+
+def test_float32_evaluation_agrees_with_float64():
+    # bug caught: a float64 buffer (H, the prior scale) silently mixed into a float32 solve,
+    # or float32 rounding that would move reported NLLs (efm.EFMExperiment.eval_dtype)
+    m64 = _model(5, 3, chunk_size=8)
+    m64.atol = m64.rtol = 1e-4
+    m32 = _model(5, 3, chunk_size=8).float()
+    m32.atol = m32.rtol = 1e-4
+    P = _clouds(16, 5, 3)
+    with torch.no_grad():
+        a, b = m64.log_prob(P), m32.log_prob(P.float()).double()
+    assert b.dtype == torch.float64 and m32.H.dtype == torch.float32
+    assert (a - b).mean().abs() < 1e-3 and (a - b).abs().max() < 1e-2

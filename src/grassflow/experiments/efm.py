@@ -61,7 +61,7 @@ class EFMExperiment:
             (n - 1) d forward-mode products in cache).
         eval_dtype: of validation and the test NLL. float32 costs a third of float64's CPU
             time; at atol = rtol = 1e-4 the solver's error, not rounding, sets the accuracy
-            (the two agree to ~1e-3 nats; tests/test_equivariant_cnf.py and the README).
+            (they agree to ~1e-3 nats: tests/test_equivariant_cnf.py and the README).
     """
 
     system: str = "dw4"
