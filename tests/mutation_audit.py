@@ -61,6 +61,18 @@ MUTATIONS = {
     "GrCNF: density 1 % too high everywhere": (
         "flows/grcnf.py", "return self._prior_log_prob(Y0) + a0",
         "return self._prior_log_prob(Y0) + a0 + 0.01", ["tests/test_flows.py"]),
+    "EquivariantCNF: divergence subtracted": (
+        "baselines/equivariant_cnf.py", "out.append(self.prior_log_prob(z0) + a)",
+        "out.append(self.prior_log_prob(z0) - a)", ["tests/test_equivariant_cnf.py"]),
+    "EquivariantCNF: prior normalized over n d dimensions": (
+        "baselines/equivariant_cnf.py", "return -0.5 * self.event_dim * torch.log(",
+        "return -0.5 * self.n_points * self.dim * torch.log(", ["tests/test_equivariant_cnf.py"]),
+    "EquivariantCNF: density 1 % too high everywhere": (
+        "baselines/equivariant_cnf.py", "out.append(self.prior_log_prob(z0) + a)",
+        "out.append(self.prior_log_prob(z0) + a + 0.01)", ["tests/test_equivariant_cnf.py"]),
+    "EquivariantCNF: half the divergence (a missing direction class)": (
+        "baselines/equivariant_cnf.py", "div = (Jv * basis).sum(dim=(0, -2, -1))",
+        "div = (Jv * basis)[::2].sum(dim=(0, -2, -1))", ["tests/test_equivariant_cnf.py"]),
 }  # fmt: skip
 
 
