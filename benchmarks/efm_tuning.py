@@ -84,6 +84,7 @@ def main() -> None:
     rows = tune(args.systems, args.minutes, Path(args.runs),
                 {k: VARIANTS[k] for k in args.variants})  # fmt: skip
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "efm_tuning.json"
     old = json.loads(path.read_text()) if path.exists() else []
     keep = [r for r in old if (r["system"], r["model"], r["minutes"]) not in
