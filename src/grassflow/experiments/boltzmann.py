@@ -77,8 +77,8 @@ def evaluate(run_dir: str | Path, n_samples: int = 10_000, n_weighted: int = 100
     u_model, u_test = _energies(exp.system, X), _energies(exp.system, data["test"])
     u_val = _energies(exp.system, data["val"])
     finite, dropped = finite_energies(u_model)
-    log_ratio = -torch.as_tensor(_energies(exp.system, Xw)) - log_q.double()
-    log_w = log_importance_weights(log_ratio + log_q.double(), log_q.double())
+    log_target, log_q = -torch.as_tensor(_energies(exp.system, Xw)), log_q.double()
+    log_w, log_ratio = log_importance_weights(log_target, log_q), log_target - log_q
     # log Z = log E_q[exp(-U) / q] (an importance-sampling estimate, biased low when the ESS
     # is small), so E_test[U] + log Z is the test NLL of the Boltzmann density itself
     log_z = (torch.logsumexp(log_ratio, 0) - math.log(len(log_ratio))).item()
