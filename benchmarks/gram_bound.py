@@ -24,28 +24,36 @@ import torch
 from grassflow.experiments.shapes import GramTerm
 from grassflow.experiments.vs_enf import SHAPES, load_enf_splits
 from grassflow.flows import ShapeFlow
+from grassflow.nn.gram import DistanceGram
 from grassflow.training import TrainConfig, load_checkpoint, train
 from grassflow.training.rng import seeded_init
 from grassflow.training.threads import set_threads
 
-SETTINGS = {  # name -> (components, hidden, layers)
-    "4 Wisharts, 32 x 1 (ShapeFlow's)": (4, 32, 1),
-    "16 Wisharts, 64 x 2": (16, 64, 2),
+SETTINGS = {  # name -> (family, components, hidden, layers)
+    "4 Wisharts, 32 x 1 (ShapeFlow's)": ("wishart", 4, 32, 1),
+    "16 Wisharts, 64 x 2": ("wishart", 16, 64, 2),
+    "distance fit, 1 log-normal, 32 x 1": ("distance", 1, 32, 1),
+    "distance fit, 4 log-normals, 32 x 2": ("distance", 4, 32, 2),
 }
 
 
 def gram_nll(system: str, n_train: int, setting: str, minutes: float, runs: Path) -> dict:
-    components, hidden, layers = SETTINGS[setting]
+    family, components, hidden, layers = SETTINGS[setting]
     data = load_enf_splits(system, n_train)
     with seeded_init(0):
         model = ShapeFlow(*SHAPES[system], gram_components=components, gram_hidden=hidden,
                           gram_layers=layers).double()  # fmt: skip
-    model.gram.initialize(model.factor(data["train"])[1])
+        if family == "distance":
+            model.gram = DistanceGram(*SHAPES[system], hidden, layers,
+                                      components=components).double()  # fmt: skip
+    Y, S = model.factor(data["train"])
+    model.gram.initialize(S, Y) if family == "distance" else model.gram.initialize(S)
     term = GramTerm(model)
     config = TrainConfig(lr=1e-3, batch_size=128, iterations=10**7, val_every=200,
                          log_every=100, checkpoint_every=1000, dtype="float64",
                          total_budget_minutes=minutes)  # fmt: skip
-    run_dir = runs / f"{system}-n{n_train}-{components}x{hidden}x{layers}"
+    tag = "" if family == "wishart" else f"{family}-"
+    run_dir = runs / f"{system}-n{n_train}-{tag}{components}x{hidden}x{layers}"
     result = train(term, data["train"], config, run_dir, val_data=data["val"],
                    resume=True, progress=False)  # fmt: skip
     best = load_checkpoint(run_dir / "best.pt")

@@ -212,7 +212,8 @@ def test_fit_resumes_bit_exactly(tmp_path):
 def test_train_data_with_the_baseline_end_to_end(tmp_path, capsys):
     # bug caught: the CLI training a ShapeFlow instead, the baseline seeing the wrong split, a
     # prior fitted to other clouds, or eval/sample failing on a baseline run. After one
-    # a step of lr 1e-9 the field is still ~0, so the test NLL is the fitted CoM-free Gaussian's, recomputed here.
+    # step of lr 1e-9 the field is still ~0, so the test NLL is the fitted CoM-free
+    # Gaussian's, recomputed here.
     import json
 
     import numpy as np

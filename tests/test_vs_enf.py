@@ -222,10 +222,10 @@ def test_cli_reaches_the_sweep(tmp_path, monkeypatch, capsys):
     # catches: a flag not reaching the sweep or the preset, and the wrong defaults
     calls = []
 
-    def sweep(systems, n_trains, seeds, minutes, runs, out, *, base, progress, force):
+    def sweep(systems, n_trains, seeds, minutes, runs, out, *, base, progress, force, n_test):
         calls.append(dict(systems=systems, n_trains=n_trains, seeds=seeds, minutes=minutes,
                           runs=runs, base=base, threads=torch.get_num_threads(),
-                          force=force))  # fmt: skip
+                          force=force, n_test=n_test))  # fmt: skip
         for system in systems:
             (tmp_path / "vs_enf").mkdir(exist_ok=True)
             (tmp_path / "vs_enf" / f"{system}.md").write_text(f"table {system}")
@@ -233,16 +233,17 @@ def test_cli_reaches_the_sweep(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(vs_enf, "sweep", sweep)
     argv = ["reproduce", "vs-enf", "--systems", "lj13", "--n-train", "10", "100", "--seeds",
             "0", "1", "--minutes", "20", "--potential", "mlp", "--objective", "mle", "--tol",
-            "1e-5", "--runs", "r", "--out", str(tmp_path), "--force", "--threads", "2"]  # fmt: skip
+            "1e-5", "--runs", "r", "--out", str(tmp_path), "--force", "--threads", "2",
+            "--n-test", "300"]  # fmt: skip
     assert main(argv) == 0 and "table lj13" in capsys.readouterr().out
     c = calls.pop()
     assert (c["systems"], c["n_trains"], c["seeds"], c["minutes"], c["runs"], c["threads"],
-            c["force"]) == (("lj13",), (10, 100), (0, 1), 20.0, "r", 2, True)  # fmt: skip
+            c["force"], c["n_test"]) == (("lj13",), (10, 100), (0, 1), 20.0, "r", 2, True, 300)
     assert (c["base"].potential, c["base"].objective, c["base"].tol) == ("mlp", "mle", 1e-5)
     assert main(["reproduce", "vs-enf", "--out", str(tmp_path)]) == 0
     c = calls.pop()
-    assert (c["systems"], c["n_trains"], c["seeds"], c["minutes"], c["threads"]) == (
-        ("dw4", "lj13"), (1000,), (0,), 7.0, 1)
+    assert (c["systems"], c["n_trains"], c["seeds"], c["minutes"], c["threads"], c["n_test"]) == (
+        ("dw4", "lj13"), (1000,), (0,), 7.0, 1, None)
     assert c["base"] == vs_enf.ENFExperiment(system="dw4", n_train=1000)
     with pytest.raises(SystemExit):
         main(["reproduce", "vs-enf", "--potential", "transformer"])
@@ -338,3 +339,17 @@ def test_mean_sem_of_few_values():
     assert mean_sem("x", torch.tensor([1.0, 3.0])) == {"x": 2.0, "x_sem": pytest.approx(1.0)}
     assert mean_sem("x", torch.tensor([5.0])) == {"x": 5.0, "x_sem": None}
     assert mean_sem("x", torch.tensor([])) == {"x": None, "x_sem": None}
+
+
+def test_test_subset_is_a_seeded_unordered_draw_in_file_order():
+    # catches: a prefix (QM9's split is ordered by composition), repeated rows, or a draw
+    # that changes between calls (the eval cache and the rows of two budgets would differ)
+    from grassflow.experiments.vs_enf import test_subset
+
+    test = torch.arange(200.0)[:, None, None].expand(200, 3, 2)
+    a, b = test_subset(test, 50), test_subset(test, 50)
+    idx = a[:, 0, 0].long()
+    assert torch.equal(a, b) and len(idx.unique()) == 50
+    assert torch.all(idx[1:] > idx[:-1]) and idx.max() >= 100
+    assert not torch.equal(idx, torch.arange(50))
+    assert test_subset(test, None) is test and test_subset(test, 500) is test

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from ..data.overlap import distinct_rows, novel_mask
 from ..data.particle_files import missing_files, shared_data_dir
@@ -357,11 +358,12 @@ def sweep(
     systems: tuple[str, ...] = ("dw4", "lj13"), n_trains: tuple[int, ...] = (1000,),
     seeds: tuple[int, ...] = (0,), minutes: float = 7.0, runs_dir: str | Path = "runs/vs_enf",
     out_dir: str | Path = "results", *, base: ENFExperiment | EFMExperiment | None = None,
-    progress: bool = True, force: bool = False,
+    progress: bool = True, force: bool = False, n_test: int | None = None,
 ) -> list[dict]:  # fmt: skip
     """Train (or continue) and evaluate every (system, n_train, seed) run of ``base`` (its
-    potential, objective, widths, tolerance) at ``minutes``, on the current torch threads;
-    merge the rows, the isotropic Gaussian's and the anchors into ``out_dir/vs_enf.json``
+    potential, objective, widths, tolerance) at ``minutes``, on the current torch threads
+    (``n_test``: on :func:`test_subset` rows only; default all). Merge the rows, the
+    isotropic Gaussian's and the anchors into ``out_dir/vs_enf.json``
     (key: system, model, n_train, budget, seed; rows of other systems, e.g. QM9, are kept)
     and write ``out_dir/vs_enf/<system>.md``. Returns this invocation's rows."""
     from . import efm  # the baseline's runs (efm imports this module)
@@ -387,10 +389,21 @@ def sweep(
                                           minutes=minutes)  # fmt: skip
                 run_dir = Path(runs_dir) / exp.run_name
                 train_run(exp, run_dir, force=force, progress=progress, data=data)
-                rows.append({**evaluate_run(run_dir, data), "budget_minutes": minutes,
+                scored = {**data, "test": test_subset(data["test"], n_test)}
+                rows.append({**evaluate_run(run_dir, scored), "budget_minutes": minutes,
                              "run_dir": str(run_dir), "command": exp.command()})  # fmt: skip
     merge_rows(rows, out_dir)
     return rows
+
+
+def test_subset(test: Tensor, n: int | None, seed: int = 0) -> Tensor:
+    """``n`` rows of ``test`` drawn without replacement by a seeded permutation, in file
+    order (all of them if ``n`` is None or too large). QM9's split is ordered by molecule
+    index, hence by composition, so a prefix would be a biased sample."""
+    if n is None or n >= len(test):
+        return test
+    keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(seed))[:n]
+    return test[keep.sort().values]
 
 
 def merge_rows(rows: list[dict], out_dir: str | Path = "results") -> list[dict]:

@@ -15,9 +15,33 @@ import torch
 from torch import Tensor, nn
 
 from ..distributions.cartesian import wishart_log_prob, wishart_sample
+from ..distributions.spd import spd_lognormal_log_prob, spd_lognormal_sample
 from .graph import PointGraph
 
-__all__ = ["WishartGram"]
+__all__ = ["DistanceGram", "WishartGram", "metric_fit"]
+
+
+def metric_fit(d: Tensor, w: Tensor, t: Tensor) -> Tensor:
+    """The symmetric S minimizing ``sum_p w_p (d_p^T S d_p - t_p)^2``.
+
+    Args:
+        d: ``(..., P, k)`` difference vectors; w, t: ``(..., P)`` weights and targets.
+
+    Returns:
+        ``(..., k, k)`` (not necessarily positive definite), from the normal equations in the
+        k(k+1)/2 entries ``i <= j`` (a relative ridge of 1e-9 keeps them solvable).
+    """
+    k = d.shape[-1]
+    a, b = torch.triu_indices(k, k, device=d.device)
+    phi = d[..., a] * d[..., b] * torch.where(a == b, 1.0, 2.0).to(d)  # (..., P, m)
+    normal = (phi.mT * w.unsqueeze(-2)) @ phi
+    rhs = ((w * t).unsqueeze(-2) @ phi).squeeze(-2)
+    ridge = 1e-9 * normal.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None]
+    s = torch.linalg.solve(normal + ridge * torch.eye(len(a), dtype=d.dtype, device=d.device), rhs)
+    S = d.new_zeros(*s.shape[:-1], k, k)
+    S[..., a, b] = s
+    S[..., b, a] = s
+    return S
 
 
 class WishartGram(nn.Module):
@@ -126,3 +150,109 @@ class WishartGram(nn.Module):
         nu = torch.take_along_dim(nu, c, dim=-1).squeeze(-1)
         Sigma = torch.take_along_dim(Sigma, c[..., None, None], dim=-3).squeeze(-3)
         return wishart_sample(nu, Sigma / nu[..., None, None], generator)
+
+
+class DistanceGram(nn.Module):
+    """``S | Y`` log-normal around a least-squares fit of learned pair distances.
+
+    In Y's frame the points are the rows ``y~_i`` of ``H Y``, and the cloud with Gram matrix S
+    has squared pair distances ``d_ij^2(S) = (y~_i - y~_j)^T S (y~_i - y~_j)``, linear in S.
+    A :class:`PointGraph` gives invariant per-pair targets ``t_ij > 0`` and weights
+    ``w_ij > 0`` (so relabelling permutes them with the points), and the centre is
+
+        ``S*(Y) = argmin_S sum_{i<j} w_ij (d_ij^2(S) - t_ij)^2``   (a k(k+1)/2-dim solve),
+
+    the metric that best gives the subspace's points the predicted distances: for clouds
+    whose neighbour distances are nearly fixed (LJ clusters, molecules) it pins S, which a
+    per-point weighting of ``y~_i y~_i^T`` (:class:`WishartGram`) can only learn slowly.
+    Then ``S = L exp(E) L^T`` with ``L L^T = S*`` and E the O(k)-invariant Gaussian of
+    :func:`~grassflow.distributions.spd.spd_lognormal_log_prob` (pooled, invariant spreads).
+    ``Y -> Y Q`` sends ``S* -> Q^T S* Q``, so the density is equivariant. With ``components
+    > 1`` it is a mixture with invariant weights. ``S*`` is lifted to at least ``floor`` times
+    the data's mean eigenvalue where the fit is not positive definite.
+
+    Args:
+        n_points, k, hidden, layers, labels: as :class:`WishartGram`.
+        components: mixture components.
+        floor: relative lower bound of the centre's eigenvalues.
+    """
+
+    def __init__(
+        self,
+        n_points: int,
+        k: int,
+        hidden: int = 32,
+        layers: int = 1,
+        labels: Tensor | None = None,
+        components: int = 1,
+        floor: float = 1e-3,
+    ):
+        super().__init__()
+        if not (isinstance(components, int) and components >= 1):
+            raise ValueError(f"components must be a positive integer, got {components!r}")
+        self.k, self.components, self.floor = k, components, floor
+        self.graph = PointGraph(n_points, k, hidden, layers, labels)
+        self.pair = nn.Sequential(nn.Linear(2 * hidden + 2, hidden), nn.SiLU(),
+                                  nn.Linear(hidden, 2 * components))  # fmt: skip
+        self.spread = nn.Linear(hidden, 3 * components)  # log sigma_0, log sigma_t, logits
+        for layer in (self.pair[-1], self.spread):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+        with torch.no_grad():
+            self.spread.bias[: 2 * components] = math.log(0.3)
+        i, j = torch.triu_indices(n_points, n_points, 1)
+        self.register_buffer("pairs", torch.stack([i, j]), persistent=False)
+        self.register_buffer("scale", torch.tensor(1.0, dtype=torch.float64))
+
+    @torch.no_grad()
+    def initialize(self, S: Tensor, Y: Tensor) -> None:
+        """Targets start at the data's mean squared pair distance (several components: spread
+        around it), and ``scale`` (the eigenvalue floor's unit) at the data's mean
+        eigenvalue; ``S: (N, k, k)``, ``Y: (N, n - 1, k)``."""
+        d = self._pair_vectors(Y)
+        sq = torch.einsum("...pa,...ab,...pb->...p", d, S.to(d), d)
+        # log t; components spread over a factor e around it (identical ones never separate)
+        spread = torch.linspace(-0.5, 0.5, self.components) if self.components > 1 else 0.0
+        self.pair[-1].bias[1::2] = torch.log(sq.mean()) + spread
+        self.scale.fill_(float(torch.diagonal(S, dim1=-2, dim2=-1).mean()))
+
+    def _pair_vectors(self, Y: Tensor) -> Tensor:
+        Yt = self.graph.points(Y)
+        return Yt[..., self.pairs[0], :] - Yt[..., self.pairs[1], :]  # (..., P, k)
+
+    def mixture_params(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Per component: centres ``S*(Y): (..., C, k, k)``, ``sigma_0, sigma_t: (..., C)``
+        and log mixture weights ``(..., C)``, for ``Y: (..., n - 1, k)``."""
+        C, k = self.components, self.k
+        h = self.graph(Y.new_zeros(()), Y)  # (..., n, hidden)
+        d = self._pair_vectors(Y)
+        hi, hj = h[..., self.pairs[0], :], h[..., self.pairs[1], :]
+        feats = torch.cat([hi + hj, hi * hj, (d * d).sum(-1, keepdim=True) * k,
+                           (hi - hj).pow(2).mean(-1, keepdim=True)], dim=-1)  # fmt: skip
+        out = self.pair(feats).unflatten(-1, (C, 2)).movedim(-2, -3)  # (..., C, P, 2)
+        w, t = out[..., 0].exp(), out[..., 1].exp()
+        S = metric_fit(d.unsqueeze(-3), w, t)  # (..., C, k, k)
+        low = torch.linalg.eigvalsh(S)[..., 0]
+        lift = torch.relu(self.floor * self.scale.to(d) - low)
+        S = S + lift[..., None, None] * torch.eye(k).to(d)
+        pooled = self.spread(h.mean(-2))
+        sigma_0, sigma_t = pooled[..., :C].exp(), pooled[..., C : 2 * C].exp()
+        log_pi = torch.log_softmax(pooled[..., 2 * C :], dim=-1)
+        return S, sigma_0, sigma_t, log_pi
+
+    def log_prob(self, S: Tensor, Y: Tensor) -> Tensor:
+        """``log p(S | Y)``, ``S: (..., k, k)``, ``Y: (..., n - 1, k)`` -> ``(...)``."""
+        M, s0, st, log_pi = self.mixture_params(Y)
+        return torch.logsumexp(log_pi + spd_lognormal_log_prob(S.unsqueeze(-3), M, s0, st), -1)
+
+    def sample(self, Y: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """One ``S ~ p(S | Y)`` per representative, ``(..., k, k)``."""
+        M, s0, st, log_pi = self.mixture_params(Y)
+        if self.components == 1:
+            c = torch.zeros_like(log_pi, dtype=torch.long)
+        else:
+            c = torch.multinomial(log_pi.exp().reshape(-1, self.components), 1,
+                                  generator=generator).reshape(*log_pi.shape[:-1], 1)  # fmt: skip
+        pick = lambda x: torch.take_along_dim(x, c, dim=-1).squeeze(-1)  # noqa: E731
+        M = torch.take_along_dim(M, c[..., None, None], dim=-3).squeeze(-3)
+        return spd_lognormal_sample(M, pick(s0), pick(st), generator)

@@ -1,0 +1,179 @@
+"""Tests for the SPD log-normal (grassflow.distributions.spd), the metric fit and DistanceGram.
+
+References: torch's LogNormal (k = 1), importance sampling from a Wishart (normalization),
+torch.linalg.lstsq (the metric fit), the sampler's closed-form moments of log eigenvalues,
+and group actions applied by hand (equivariance, relabelling).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import mc_tolerance, random_orthogonal
+from grassflow.distributions.cartesian import wishart_log_prob, wishart_sample
+from grassflow.distributions.spd import spd_lognormal_log_prob, spd_lognormal_sample
+from grassflow.manifolds import Grassmann
+from grassflow.nn import scale_init_
+from grassflow.nn.gram import DistanceGram, metric_fit
+
+M3 = torch.tensor([[2.0, 0.3, 0.1], [0.3, 1.0, -0.2], [0.1, -0.2, 0.7]], dtype=torch.float64)
+
+
+def _t(x: float, m: int = 1) -> torch.Tensor:
+    return torch.full((m,), x, dtype=torch.float64)
+
+
+def _log_eigs(S: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
+    L = torch.linalg.cholesky(M)
+    A = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L, S, upper=False).mT,
+                                      upper=False)  # fmt: skip
+    return torch.linalg.eigvalsh((A + A.mT) / 2).log()
+
+
+def test_spd_lognormal_is_the_scalar_lognormal_for_k1():
+    # catches: a wrong normalizing constant or Jacobian (the k = 1 case has only the trace
+    # direction: S = M exp(E), E ~ N(0, sigma_t^2))
+    S = torch.tensor([0.3, 1.0, 2.5, 7.0], dtype=torch.float64)[:, None, None]
+    M = torch.full_like(S, 1.7)
+    got = spd_lognormal_log_prob(S, M, _t(0.9, 4), _t(0.4, 4))
+    ref = torch.distributions.LogNormal(math.log(1.7), 0.4).log_prob(S[:, 0, 0])
+    torch.testing.assert_close(got, ref, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_spd_lognormal_normalizes(k):
+    # catches: a wrong 2^(k(k-1)/4) Frobenius factor, a wrong dexp Jacobian or the congruence
+    # factor det(M)^((k+1)/2) missing: E_{S ~ Wishart}[p(S) / q(S)] = 1
+    torch.manual_seed(0)
+    m, M = 60000, M3[:k, :k]
+    nu = torch.tensor(12.0, dtype=torch.float64)
+    V = (M / 12).expand(m, k, k)
+    S = wishart_sample(nu.expand(m), V, torch.Generator().manual_seed(1))
+    w = torch.exp(spd_lognormal_log_prob(S, M.expand(m, k, k), _t(0.35, m), _t(0.25, m))
+                  - wishart_log_prob(S, nu, V))  # fmt: skip
+    tol = mc_tolerance(w)
+    assert tol / 4 <= 0.01 and w.std() > 0.1  # power, and q is not p
+    assert abs(w.mean().item() - 1.0) < tol
+
+
+def test_spd_lognormal_is_equivariant_and_independent_of_the_square_root():
+    # catches: a density that depends on the Cholesky factor (not O(k)-invariant E), or on S
+    # and M through something other than M^-1 S
+    torch.manual_seed(1)
+    S = wishart_sample(_t(9.0, 5), (M3 / 9).expand(5, 3, 3), torch.Generator().manual_seed(2))
+    ref = spd_lognormal_log_prob(S, M3.expand(5, 3, 3), _t(0.3, 5), _t(0.2, 5))
+    for reflect in (False, True):
+        Q = random_orthogonal(3, reflect).double()
+        got = spd_lognormal_log_prob(Q.mT @ S @ Q, (Q.mT @ M3 @ Q).expand(5, 3, 3),
+                                     _t(0.3, 5), _t(0.2, 5))  # fmt: skip
+        torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+    # a near-degenerate spectrum (a round cloud) keeps finite gradients
+    Sd = (torch.eye(3, dtype=torch.float64) * 2 + 1e-9 * M3).requires_grad_()
+    spd_lognormal_log_prob(Sd, 2 * torch.eye(3, dtype=torch.float64), _t(0.3)[0],
+                           _t(0.2)[0]).backward()  # fmt: skip
+    assert torch.isfinite(Sd.grad).all()
+
+
+def test_spd_lognormal_sample_matches_its_law():
+    # catches: a sampler with the trace and traceless widths swapped, off-diagonal variance
+    # not halved, or centred elsewhere than M
+    m, k = 40000, 3
+    S = spd_lognormal_sample(M3.expand(m, k, k), _t(0.3, m), _t(0.15, m),
+                             torch.Generator().manual_seed(3))  # fmt: skip
+    lam = _log_eigs(S, M3)
+    tr = lam.sum(-1)
+    free = (lam * lam).sum(-1) - tr * tr / k
+    for x, mean in ((tr, 0.0), (tr * tr, k * 0.15**2), (free, 5 * 0.3**2)):
+        assert abs(x.mean().item() - mean) < mc_tolerance(x)
+
+
+def test_metric_fit_is_least_squares_and_exact_on_consistent_targets():
+    # catches: off-diagonal entries counted once instead of twice, or weights applied twice
+    torch.manual_seed(4)
+    d = torch.randn(2, 15, 3, dtype=torch.float64)
+    w = torch.rand(2, 15, dtype=torch.float64) + 0.1
+    S_true = M3.expand(2, 3, 3)
+    t = torch.einsum("npa,nab,npb->np", d, S_true, d)
+    torch.testing.assert_close(metric_fit(d, w, t), S_true, atol=1e-8, rtol=0)
+    t = t + torch.randn_like(t)
+    a, b = torch.triu_indices(3, 3)
+    phi = d[..., a] * d[..., b] * torch.where(a == b, 1.0, 2.0).double()
+    for i in range(2):
+        sw = w[i].sqrt()[:, None]
+        s = torch.linalg.lstsq(sw * phi[i], sw[:, 0] * t[i]).solution
+        torch.testing.assert_close(metric_fit(d, w, t)[i][a, b], s, atol=1e-6, rtol=0)
+
+
+def _gram(n, k, components):
+    torch.manual_seed(5)
+    g = DistanceGram(n, k, hidden=16, layers=1, components=components).double()
+    scale_init_(g, 0.5)
+    for p in (*g.pair[-1].parameters(), *g.spread.parameters()):
+        torch.nn.init.normal_(p, std=0.2)
+    with torch.no_grad():
+        g.spread.bias[: 2 * components] += math.log(0.3)
+    return g
+
+
+@pytest.mark.parametrize("n,k", [(5, 2), (6, 3)])
+def test_distance_gram_is_equivariant_and_permutation_invariant(n, k):
+    # catches: pair vectors taken from Y instead of the points H Y, pair features that are not
+    # invariant (so S* does not rotate with the basis), or targets that do not follow their pair
+    g = _gram(n, k, 2)
+    Y = Grassmann(k, n - 1).random(4)
+    S = wishart_sample(_t(8.0, 4), torch.eye(k, dtype=torch.float64).expand(4, k, k) / 8)
+    H = g.graph.H.double()
+    with torch.no_grad():
+        M, s0, st, log_pi = g.mixture_params(Y)
+        ref = g.log_prob(S, Y)
+        assert M.std(0).max() > 1e-3 and s0.std() > 1e-3  # depends on Y
+        for reflect in (False, True):
+            Q = random_orthogonal(k, reflect).double()
+            torch.testing.assert_close(g.mixture_params(Y @ Q)[0], Q.mT @ M @ Q, atol=1e-7,
+                                       rtol=0)  # fmt: skip
+            torch.testing.assert_close(g.log_prob(Q.mT @ S @ Q, Y @ Q), ref, atol=1e-7, rtol=0)
+        perm = torch.randperm(n)
+        U = H.mT @ torch.eye(n, dtype=torch.float64)[perm] @ H
+        torch.testing.assert_close(g.log_prob(S, U @ Y), ref, atol=1e-7, rtol=0)
+
+
+def test_distance_gram_normalizes():
+    # catches: mixture weights or component densities that do not integrate to one (the
+    # Cartesian density would not): importance sampling from a widened copy of the mixture
+    n, k, m = 6, 3, 40000
+    g = _gram(n, k, 2)
+    Y = Grassmann(k, n - 1).random(1)
+    with torch.no_grad():
+        M, s0, st, log_pi = (x[0] for x in g.mixture_params(Y))
+        comp = torch.multinomial(log_pi.exp(), m, replacement=True)
+        gen = torch.Generator().manual_seed(6)
+        S = spd_lognormal_sample(M[comp], 1.3 * s0[comp], 1.3 * st[comp], gen)
+        log_q = torch.logsumexp(torch.stack([
+            log_pi[c] + spd_lognormal_log_prob(S, M[c].expand(m, k, k), 1.3 * s0[c].expand(m),
+                                               1.3 * st[c].expand(m)) for c in range(2)
+        ]), 0)  # fmt: skip
+        w = torch.exp(g.log_prob(S, Y.expand(m, -1, -1)) - log_q)
+    tol = mc_tolerance(w)
+    assert tol / 4 <= 0.01 and w.std() > 0.1
+    assert abs(w.mean().item() - 1.0) < tol
+
+
+def test_distance_gram_sample_picks_components_with_their_weights():
+    # catches: a sampler that picks components by another law than log_prob's weights, or
+    # pairs a component's centre with another's widths: log det S | c ~ N(log det M_c,
+    # k sigma_t,c^2), so the mixture's CDF of log det S is known in closed form
+    n, k, m = 6, 3, 20000
+    g = _gram(n, k, 2)
+    Y = Grassmann(k, n - 1).random(1)
+    with torch.no_grad():
+        M, s0, st, log_pi = (x[0] for x in g.mixture_params(Y))
+        S = g.sample(Y.expand(m, -1, -1), torch.Generator().manual_seed(7))
+    x = torch.logdet(S).sort().values
+    mu, sd = torch.logdet(M), st * math.sqrt(k)
+    assert (mu[0] - mu[1]).abs() > 0.3 * sd.max()  # the components are distinguishable
+    cdf = (log_pi.exp() * torch.distributions.Normal(mu, sd).cdf(x[:, None])).sum(-1)
+    ks = (cdf - torch.arange(1, m + 1, dtype=torch.float64) / m).abs().max()
+    assert ks < 1.63 / math.sqrt(m)  # the 1 % critical value of Kolmogorov-Smirnov
