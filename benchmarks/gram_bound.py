@@ -9,7 +9,10 @@ trained on its own by maximum likelihood. This trains only that part, for each s
 rows of the training file; the first ``n``, distinct rows), for ``--minutes`` CPU minutes on
 one thread, selecting on the validation rows of the vs-E-NF protocol, and reports its test
 NLL part on the 1,000 test rows. It separates "the Wishart family cannot represent S given
-the span" (more data and time do not help) from "it does not learn fast enough".
+the span" (more data and time do not help) from "it does not learn fast enough", and puts
+beside it another family, :class:`~grassflow.nn.gram.DistanceGram` (a log-normal around a
+least-squares fit of learned pair distances, with per-pair precisions). The floor that no
+conditional can beat is ``benchmarks/part_floors.py``'s.
 Runs are resumable (``runs/gram_bound``); results go to ``results/gram_bound.{json,md}``.
 """
 
@@ -32,8 +35,8 @@ from grassflow.training.threads import set_threads
 SETTINGS = {  # name -> (family, components, hidden, layers)
     "4 Wisharts, 32 x 1 (ShapeFlow's)": ("wishart", 4, 32, 1),
     "16 Wisharts, 64 x 2": ("wishart", 16, 64, 2),
-    "distance fit, 1 log-normal, 32 x 1": ("distance", 1, 32, 1),
-    "distance fit, 4 log-normals, 32 x 2": ("distance", 4, 32, 2),
+    "pair-distance fit, 1 log-normal, 32 x 1": ("distance", 1, 32, 1),
+    "pair-distance fit, 4 log-normals, 32 x 2": ("distance", 4, 32, 2),
 }
 
 
@@ -52,7 +55,7 @@ def gram_nll(system: str, n_train: int, setting: str, minutes: float, runs: Path
     config = TrainConfig(lr=1e-3, batch_size=128, iterations=10**7, val_every=200,
                          log_every=100, checkpoint_every=1000, dtype="float64",
                          total_budget_minutes=minutes)  # fmt: skip
-    tag = "" if family == "wishart" else f"{family}-"
+    tag = "" if family == "wishart" else "pairfit-"
     run_dir = runs / f"{system}-n{n_train}-{tag}{components}x{hidden}x{layers}"
     result = train(term, data["train"], config, run_dir, val_data=data["val"],
                    resume=True, progress=False)  # fmt: skip

@@ -14,7 +14,13 @@ import torch
 
 from conftest import mc_tolerance, random_orthogonal
 from grassflow.distributions.cartesian import wishart_log_prob, wishart_sample
-from grassflow.distributions.spd import spd_lognormal_log_prob, spd_lognormal_sample
+from grassflow.distributions.spd import (
+    spd_lognormal_log_prob,
+    spd_lognormal_precision_log_prob,
+    spd_lognormal_precision_sample,
+    spd_lognormal_sample,
+    sym_coords,
+)
 from grassflow.manifolds import Grassmann
 from grassflow.nn import scale_init_
 from grassflow.nn.gram import DistanceGram, metric_fit
@@ -118,22 +124,34 @@ def _gram(n, k, components):
     return g
 
 
+def _trace_sd(precision: torch.Tensor, k: int) -> torch.Tensor:
+    """Standard deviation of tr E = log det(L^-1 S L^-T) under E's precision."""
+    u = sym_coords(torch.eye(k, dtype=torch.float64))
+    v = torch.linalg.solve(precision, u.expand(*precision.shape[:-1]))
+    return (v @ u).sqrt()
+
+
 @pytest.mark.parametrize("n,k", [(5, 2), (6, 3)])
 def test_distance_gram_is_equivariant_and_permutation_invariant(n, k):
     # catches: pair vectors taken from Y instead of the points H Y, pair features that are not
-    # invariant (so S* does not rotate with the basis), or targets that do not follow their pair
+    # invariant (so S* does not rotate with the basis), a precision built from L that is not
+    # invariant under L -> L R, or targets that do not follow their pair
     g = _gram(n, k, 2)
     Y = Grassmann(k, n - 1).random(4)
     S = wishart_sample(_t(8.0, 4), torch.eye(k, dtype=torch.float64).expand(4, k, k) / 8)
     H = g.graph.H.double()
     with torch.no_grad():
-        M, s0, st, log_pi = g.mixture_params(Y)
+        L, precision, log_pi = g.mixture_params(Y)
+        M = L @ L.mT
         ref = g.log_prob(S, Y)
-        assert M.std(0).max() > 1e-3 and s0.std() > 1e-3  # depends on Y
+        assert M.std(0).max() > 1e-3 and precision.std(0).max() > 1e-3  # depends on Y
         for reflect in (False, True):
             Q = random_orthogonal(k, reflect).double()
-            torch.testing.assert_close(g.mixture_params(Y @ Q)[0], Q.mT @ M @ Q, atol=1e-7,
-                                       rtol=0)  # fmt: skip
+            Lq, Pq, _ = g.mixture_params(Y @ Q)
+            torch.testing.assert_close(Lq @ Lq.mT, Q.mT @ M @ Q, atol=1e-7, rtol=0)
+            # (the precision's coordinates depend on the factor, its spectrum does not)
+            torch.testing.assert_close(torch.linalg.eigvalsh(Pq), torch.linalg.eigvalsh(
+                precision), atol=1e-6, rtol=1e-9)  # fmt: skip
             torch.testing.assert_close(g.log_prob(Q.mT @ S @ Q, Y @ Q), ref, atol=1e-7, rtol=0)
         perm = torch.randperm(n)
         U = H.mT @ torch.eye(n, dtype=torch.float64)[perm] @ H
@@ -141,39 +159,78 @@ def test_distance_gram_is_equivariant_and_permutation_invariant(n, k):
 
 
 def test_distance_gram_normalizes():
-    # catches: mixture weights or component densities that do not integrate to one (the
-    # Cartesian density would not): importance sampling from a widened copy of the mixture
-    n, k, m = 6, 3, 40000
+    # catches: mixture weights, pair precisions or component densities that do not integrate
+    # to one (the Cartesian density would not): importance sampling from isotropic
+    # log-normals around the components' centres, wider than each component in every
+    # direction so that the weights are bounded
+    n, k, m = 6, 3, 60000
     g = _gram(n, k, 2)
+    with torch.no_grad():
+        g.pair[-1].bias[2::3] = 2.0  # pair precisions that matter
     Y = Grassmann(k, n - 1).random(1)
     with torch.no_grad():
-        M, s0, st, log_pi = (x[0] for x in g.mixture_params(Y))
+        L, precision, log_pi = (x[0] for x in g.mixture_params(Y))
+        M = L @ L.mT
+        ev = torch.linalg.eigvalsh(precision)
+        assert (ev[:, -1] > 2 * ev[:, 0]).all()  # anisotropic
+        width = 1.3 / ev[:, 0].sqrt()  # (C,)
         comp = torch.multinomial(log_pi.exp(), m, replacement=True)
-        gen = torch.Generator().manual_seed(6)
-        S = spd_lognormal_sample(M[comp], 1.3 * s0[comp], 1.3 * st[comp], gen)
+        S = spd_lognormal_sample(M[comp], width[comp], width[comp],
+                                 torch.Generator().manual_seed(6))  # fmt: skip
         log_q = torch.logsumexp(torch.stack([
-            log_pi[c] + spd_lognormal_log_prob(S, M[c].expand(m, k, k), 1.3 * s0[c].expand(m),
-                                               1.3 * st[c].expand(m)) for c in range(2)
+            log_pi[c] + spd_lognormal_log_prob(S, M[c].expand(m, k, k), width[c].expand(m),
+                                               width[c].expand(m)) for c in range(2)
         ]), 0)  # fmt: skip
         w = torch.exp(g.log_prob(S, Y.expand(m, -1, -1)) - log_q)
     tol = mc_tolerance(w)
-    assert tol / 4 <= 0.01 and w.std() > 0.1
+    assert tol / 4 <= 0.02 and w.std() > 0.1
     assert abs(w.mean().item() - 1.0) < tol
 
 
 def test_distance_gram_sample_picks_components_with_their_weights():
-    # catches: a sampler that picks components by another law than log_prob's weights, or
-    # pairs a component's centre with another's widths: log det S | c ~ N(log det M_c,
-    # k sigma_t,c^2), so the mixture's CDF of log det S is known in closed form
+    # catches: a sampler that picks components by another law than log_prob's weights, pairs
+    # a component's centre with another's precision, or draws E with the covariance P instead
+    # of P^-1: log det S | c ~ N(log det M_c, var(tr E)), a closed-form mixture CDF
     n, k, m = 6, 3, 20000
     g = _gram(n, k, 2)
+    with torch.no_grad():
+        g.pair[-1].bias[2::3] = 3.0
     Y = Grassmann(k, n - 1).random(1)
     with torch.no_grad():
-        M, s0, st, log_pi = (x[0] for x in g.mixture_params(Y))
+        L, precision, log_pi = (x[0] for x in g.mixture_params(Y))
         S = g.sample(Y.expand(m, -1, -1), torch.Generator().manual_seed(7))
     x = torch.logdet(S).sort().values
-    mu, sd = torch.logdet(M), st * math.sqrt(k)
+    mu, sd = 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1), _trace_sd(precision, k)
     assert (mu[0] - mu[1]).abs() > 0.3 * sd.max()  # the components are distinguishable
     cdf = (log_pi.exp() * torch.distributions.Normal(mu, sd).cdf(x[:, None])).sum(-1)
     ks = (cdf - torch.arange(1, m + 1, dtype=torch.float64) / m).abs().max()
     assert ks < 1.63 / math.sqrt(m)  # the 1 % critical value of Kolmogorov-Smirnov
+
+
+def test_precision_form_reduces_to_the_isotropic_one_and_has_stable_gradients():
+    # catches: a wrong Frobenius scaling of sym_coords or of the sampler's off-diagonals (the
+    # two parameterizations of one law would disagree), and NaN/inf gradients of log A at
+    # equal eigenvalues (a well-fitted S has A = L^-1 S L^-T near I)
+    from grassflow.distributions.spd import _SPDLog
+
+    k, m = 3, 6
+    L = torch.linalg.cholesky(M3)
+    S = spd_lognormal_sample(M3.expand(5, k, k), _t(0.5, 5), _t(0.5, 5),
+                             torch.Generator().manual_seed(8))  # fmt: skip
+    u = sym_coords(torch.eye(k, dtype=torch.float64)) / math.sqrt(k)
+    P = torch.eye(m, dtype=torch.float64) / 0.3**2 + (1 / 0.2**2 - 1 / 0.3**2) * torch.outer(u, u)
+    torch.testing.assert_close(
+        spd_lognormal_precision_log_prob(S, L.expand(5, k, k), P.expand(5, m, m)),
+        spd_lognormal_log_prob(S, M3.expand(5, k, k), _t(0.3, 5), _t(0.2, 5)),
+        atol=1e-9, rtol=1e-12)  # fmt: skip
+    X = spd_lognormal_precision_sample(L.expand(40000, k, k), P.expand(40000, m, m),
+                                       torch.Generator().manual_seed(9))  # fmt: skip
+    lam = _log_eigs(X, M3)
+    tr, free = lam.sum(-1), (lam * lam).sum(-1) - lam.sum(-1) ** 2 / k
+    for x, mean in ((tr * tr, k * 0.2**2), (free, 5 * 0.3**2)):
+        assert abs(x.mean().item() - mean) < mc_tolerance(x)
+    A = (torch.eye(k, dtype=torch.float64) + 1e-3 * M3).requires_grad_()
+    assert torch.autograd.gradcheck(lambda A: _SPDLog.apply((A + A.mT) / 2), (A,))
+    eq = torch.eye(k, dtype=torch.float64).requires_grad_()
+    (_SPDLog.apply(eq) * M3).sum().backward()
+    torch.testing.assert_close(eq.grad, M3, atol=1e-12, rtol=0)  # d log at I is the identity

@@ -17,7 +17,10 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["spd_lognormal_log_prob", "spd_lognormal_sample"]
+__all__ = [
+    "spd_lognormal_log_prob", "spd_lognormal_precision_log_prob", "spd_lognormal_precision_sample",
+    "spd_lognormal_sample", "sym_coords",
+]  # fmt: skip
 
 
 def _log_sinhc(u: Tensor) -> Tensor:
@@ -85,3 +88,80 @@ def spd_lognormal_sample(
     L = torch.linalg.cholesky(M)
     A = (V * lam.exp().unsqueeze(-2)) @ V.mT
     return L @ A @ L.mT
+
+
+class _SPDLog(torch.autograd.Function):
+    """``log A`` of SPD ``A`` with the Daleckii-Krein backward: divided differences of log,
+    ``1 / mu`` in the limit, so the gradient stays finite at (near-)equal eigenvalues, where a
+    model that fits S well puts ``A = L^-1 S L^-T`` (close to I)."""
+
+    @staticmethod
+    def forward(ctx, A):
+        mu, V = torch.linalg.eigh(A)
+        ctx.save_for_backward(mu, V)
+        return (V * mu.log().unsqueeze(-2)) @ V.mT
+
+    @staticmethod
+    def backward(ctx, G):
+        mu, V = ctx.saved_tensors
+        mi, mj = mu.unsqueeze(-1), mu.unsqueeze(-2)
+        diff = mi - mj
+        close = diff.abs() <= 1e-6 * mi
+        D = torch.where(close, 2 / (mi + mj), (mi.log() - mj.log()) / torch.where(close, 1, diff))
+        Gs = V.mT @ ((G + G.mT) / 2) @ V
+        return V @ (Gs * D) @ V.mT
+
+
+def sym_coords(E: Tensor) -> Tensor:
+    """``(..., k, k)`` symmetric -> ``(..., k(k+1)/2)`` Frobenius-orthonormal coordinates
+    ``(E_ii, sqrt(2) E_ij for i < j)``, in ``torch.triu_indices`` order."""
+    k = E.shape[-1]
+    a, b = torch.triu_indices(k, k, device=E.device)
+    return E[..., a, b] * torch.where(a == b, 1.0, math.sqrt(2)).to(E)
+
+
+def spd_lognormal_precision_log_prob(S: Tensor, L: Tensor, precision: Tensor) -> Tensor:
+    """``log p(S)`` of ``S = L exp(E) L^T`` with ``sym_coords(E) ~ N(0, precision^-1)``.
+
+    Unlike :func:`spd_lognormal_log_prob`, E's law may be anisotropic; it is then the caller's
+    job to build ``precision`` from ``L`` so that the density does not depend on which square
+    root of ``M = L L^T`` is used (e.g. from ``L^T d`` for vectors d that rotate with S).
+
+    Args:
+        S: ``(..., k, k)`` SPD.
+        L: ``(..., k, k)`` lower triangular, invertible.
+        precision: ``(..., m, m)`` SPD, ``m = k(k+1)/2``.
+
+    Returns:
+        ``(...)``.
+    """
+    k = S.shape[-1]
+    m = k * (k + 1) // 2
+    A = torch.linalg.solve_triangular(L, S, upper=False)
+    A = torch.linalg.solve_triangular(L, A.mT, upper=False)
+    E = _SPDLog.apply((A + A.mT) / 2)
+    chol = torch.linalg.cholesky(precision)
+    z = (chol.mT @ sym_coords(E).unsqueeze(-1)).squeeze(-1)  # e^T P e = |C^T e|^2
+    log_det_P = 2 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
+    log_det_L = torch.log(torch.diagonal(L, dim1=-2, dim2=-1).abs()).sum(-1)
+    return (-0.5 * m * math.log(2 * math.pi) + 0.5 * log_det_P - 0.5 * (z * z).sum(-1)
+            + 0.25 * k * (k - 1) * math.log(2) - _log_det_dexp(torch.linalg.eigvalsh(E))
+            - (k + 1) * log_det_L)  # fmt: skip
+
+
+def spd_lognormal_precision_sample(
+    L: Tensor, precision: Tensor, generator: torch.Generator | None = None
+) -> Tensor:
+    """One S per ``L: (..., k, k)`` and ``precision: (..., m, m)`` (see
+    :func:`spd_lognormal_precision_log_prob`)."""
+    k = L.shape[-1]
+    chol = torch.linalg.cholesky(precision)
+    z = torch.randn(precision.shape[:-1], dtype=L.dtype, device=L.device, generator=generator)
+    e = torch.linalg.solve_triangular(chol.mT, z.unsqueeze(-1), upper=True).squeeze(-1)
+    a, b = torch.triu_indices(k, k, device=L.device)
+    vals = e / torch.where(a == b, 1.0, math.sqrt(2)).to(e)
+    E = L.new_zeros(L.shape)
+    E[..., a, b] = vals
+    E[..., b, a] = vals
+    lam, V = torch.linalg.eigh(E)
+    return L @ ((V * lam.exp().unsqueeze(-2)) @ V.mT) @ L.mT

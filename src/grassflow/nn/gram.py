@@ -15,7 +15,11 @@ import torch
 from torch import Tensor, nn
 
 from ..distributions.cartesian import wishart_log_prob, wishart_sample
-from ..distributions.spd import spd_lognormal_log_prob, spd_lognormal_sample
+from ..distributions.spd import (
+    spd_lognormal_precision_log_prob,
+    spd_lognormal_precision_sample,
+    sym_coords,
+)
 from .graph import PointGraph
 
 __all__ = ["DistanceGram", "WishartGram", "metric_fit"]
@@ -157,19 +161,25 @@ class DistanceGram(nn.Module):
 
     In Y's frame the points are the rows ``y~_i`` of ``H Y``, and the cloud with Gram matrix S
     has squared pair distances ``d_ij^2(S) = (y~_i - y~_j)^T S (y~_i - y~_j)``, linear in S.
-    A :class:`PointGraph` gives invariant per-pair targets ``t_ij > 0`` and weights
-    ``w_ij > 0`` (so relabelling permutes them with the points), and the centre is
+    A :class:`PointGraph` gives invariant per-pair targets ``t_ij > 0``, weights ``w_ij > 0``
+    and precisions ``rho_ij >= 0`` (so relabelling permutes them with the points). The centre
 
-        ``S*(Y) = argmin_S sum_{i<j} w_ij (d_ij^2(S) - t_ij)^2``   (a k(k+1)/2-dim solve),
+        ``S*(Y) = argmin_S sum_{i<j} w_ij (d_ij^2(S) - t_ij)^2``   (:func:`metric_fit`)
 
-    the metric that best gives the subspace's points the predicted distances: for clouds
-    whose neighbour distances are nearly fixed (LJ clusters, molecules) it pins S, which a
-    per-point weighting of ``y~_i y~_i^T`` (:class:`WishartGram`) can only learn slowly.
-    Then ``S = L exp(E) L^T`` with ``L L^T = S*`` and E the O(k)-invariant Gaussian of
-    :func:`~grassflow.distributions.spd.spd_lognormal_log_prob` (pooled, invariant spreads).
-    ``Y -> Y Q`` sends ``S* -> Q^T S* Q``, so the density is equivariant. With ``components
-    > 1`` it is a mixture with invariant weights. ``S*`` is lifted to at least ``floor`` times
-    the data's mean eigenvalue where the fit is not positive definite.
+    is the metric that best gives the subspace's points the predicted distances. Then
+    ``S = L exp(E) L^T`` with ``L L^T = S*`` and E Gaussian with precision (in
+    :func:`~grassflow.distributions.spd.sym_coords`)
+
+        ``P = sum_{i<j} rho_ij psi_ij psi_ij^T + O(k)-invariant isotropic part``,
+        ``psi_ij = sym_coords(u u^T) / |u|^2``, ``u = L^T (y~_i - y~_j)``,
+
+    so ``psi_ij . E`` is, to first order, the relative change of ``d_ij^2`` from ``S*``: each
+    pair can pin the metric along its own direction (near-contact pairs of LJ clusters and
+    molecules do). The isotropic part has pooled widths ``sigma_0`` (traceless) and
+    ``sigma_t`` (trace). ``Y -> Y Q`` sends ``S* -> Q^T S* Q`` and leaves every ``psi . E``
+    unchanged, so the density is equivariant and does not depend on the choice of L. With
+    ``components > 1`` it is a mixture with invariant weights. ``S*`` is lifted to at least
+    ``floor`` times the data's mean eigenvalue where the fit is not positive definite.
 
     Args:
         n_points, k, hidden, layers, labels: as :class:`WishartGram`.
@@ -193,13 +203,14 @@ class DistanceGram(nn.Module):
         self.k, self.components, self.floor = k, components, floor
         self.graph = PointGraph(n_points, k, hidden, layers, labels)
         self.pair = nn.Sequential(nn.Linear(2 * hidden + 2, hidden), nn.SiLU(),
-                                  nn.Linear(hidden, 2 * components))  # fmt: skip
+                                  nn.Linear(hidden, 3 * components))  # fmt: skip
         self.spread = nn.Linear(hidden, 3 * components)  # log sigma_0, log sigma_t, logits
         for layer in (self.pair[-1], self.spread):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
         with torch.no_grad():
             self.spread.bias[: 2 * components] = math.log(0.3)
+            self.pair[-1].bias[2::3] = -4.0  # pair precisions start small: nearly isotropic
         i, j = torch.triu_indices(n_points, n_points, 1)
         self.register_buffer("pairs", torch.stack([i, j]), persistent=False)
         self.register_buffer("scale", torch.tensor(1.0, dtype=torch.float64))
@@ -211,48 +222,56 @@ class DistanceGram(nn.Module):
         eigenvalue; ``S: (N, k, k)``, ``Y: (N, n - 1, k)``."""
         d = self._pair_vectors(Y)
         sq = torch.einsum("...pa,...ab,...pb->...p", d, S.to(d), d)
-        # log t; components spread over a factor e around it (identical ones never separate)
+        # components spread over a factor e around it (identical ones never separate)
         spread = torch.linspace(-0.5, 0.5, self.components) if self.components > 1 else 0.0
-        self.pair[-1].bias[1::2] = torch.log(sq.mean()) + spread
+        self.pair[-1].bias[1::3] = torch.log(sq.mean()) + spread
         self.scale.fill_(float(torch.diagonal(S, dim1=-2, dim2=-1).mean()))
 
     def _pair_vectors(self, Y: Tensor) -> Tensor:
         Yt = self.graph.points(Y)
         return Yt[..., self.pairs[0], :] - Yt[..., self.pairs[1], :]  # (..., P, k)
 
-    def mixture_params(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Per component: centres ``S*(Y): (..., C, k, k)``, ``sigma_0, sigma_t: (..., C)``
-        and log mixture weights ``(..., C)``, for ``Y: (..., n - 1, k)``."""
+    def mixture_params(self, Y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Per component: the Cholesky factor L of the centre ``S*(Y): (..., C, k, k)``, the
+        precision of E ``(..., C, m, m)`` (``m = k(k+1)/2``) and the log mixture weights
+        ``(..., C)``, for ``Y: (..., n - 1, k)``."""
         C, k = self.components, self.k
         h = self.graph(Y.new_zeros(()), Y)  # (..., n, hidden)
         d = self._pair_vectors(Y)
         hi, hj = h[..., self.pairs[0], :], h[..., self.pairs[1], :]
         feats = torch.cat([hi + hj, hi * hj, (d * d).sum(-1, keepdim=True) * k,
                            (hi - hj).pow(2).mean(-1, keepdim=True)], dim=-1)  # fmt: skip
-        out = self.pair(feats).unflatten(-1, (C, 2)).movedim(-2, -3)  # (..., C, P, 2)
-        w, t = out[..., 0].exp(), out[..., 1].exp()
-        S = metric_fit(d.unsqueeze(-3), w, t)  # (..., C, k, k)
+        out = self.pair(feats).unflatten(-1, (C, 3)).movedim(-2, -3).exp()  # (..., C, P, 3)
+        d = d.unsqueeze(-3)
+        S = metric_fit(d, out[..., 0], out[..., 1])  # (..., C, k, k)
+        eye = torch.eye(k, dtype=d.dtype, device=d.device)
         low = torch.linalg.eigvalsh(S)[..., 0]
-        lift = torch.relu(self.floor * self.scale.to(d) - low)
-        S = S + lift[..., None, None] * torch.eye(k).to(d)
+        S = S + torch.relu(self.floor * self.scale.to(d) - low)[..., None, None] * eye
+        L = torch.linalg.cholesky(S)
+        u = (d @ L).unsqueeze(-1)  # L^T d, (..., C, P, k, 1)
+        psi = sym_coords(u @ u.mT) / (u * u).sum((-2, -1)).unsqueeze(-1)  # (..., C, P, m)
         pooled = self.spread(h.mean(-2))
-        sigma_0, sigma_t = pooled[..., :C].exp(), pooled[..., C : 2 * C].exp()
-        log_pi = torch.log_softmax(pooled[..., 2 * C :], dim=-1)
-        return S, sigma_0, sigma_t, log_pi
+        s0, st = pooled[..., :C].exp(), pooled[..., C : 2 * C].exp()
+        trace = sym_coords(eye) / math.sqrt(k)
+        iso = (eye.new_ones(len(trace)).diag() / s0[..., None, None] ** 2
+               + (1 / st**2 - 1 / s0**2)[..., None, None] * torch.outer(trace, trace))  # fmt: skip
+        precision = iso + (psi.mT * out[..., 2].unsqueeze(-2)) @ psi
+        return L, precision, torch.log_softmax(pooled[..., 2 * C :], dim=-1)
 
     def log_prob(self, S: Tensor, Y: Tensor) -> Tensor:
         """``log p(S | Y)``, ``S: (..., k, k)``, ``Y: (..., n - 1, k)`` -> ``(...)``."""
-        M, s0, st, log_pi = self.mixture_params(Y)
-        return torch.logsumexp(log_pi + spd_lognormal_log_prob(S.unsqueeze(-3), M, s0, st), -1)
+        L, precision, log_pi = self.mixture_params(Y)
+        lp = spd_lognormal_precision_log_prob(S.unsqueeze(-3), L, precision)
+        return torch.logsumexp(log_pi + lp, -1)
 
     def sample(self, Y: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """One ``S ~ p(S | Y)`` per representative, ``(..., k, k)``."""
-        M, s0, st, log_pi = self.mixture_params(Y)
+        L, precision, log_pi = self.mixture_params(Y)
         if self.components == 1:
             c = torch.zeros_like(log_pi, dtype=torch.long)
         else:
             c = torch.multinomial(log_pi.exp().reshape(-1, self.components), 1,
                                   generator=generator).reshape(*log_pi.shape[:-1], 1)  # fmt: skip
-        pick = lambda x: torch.take_along_dim(x, c, dim=-1).squeeze(-1)  # noqa: E731
-        M = torch.take_along_dim(M, c[..., None, None], dim=-3).squeeze(-3)
-        return spd_lognormal_sample(M, pick(s0), pick(st), generator)
+        L = torch.take_along_dim(L, c[..., None, None], dim=-3).squeeze(-3)
+        precision = torch.take_along_dim(precision, c[..., None, None], dim=-3).squeeze(-3)
+        return spd_lognormal_precision_sample(L, precision, generator)
