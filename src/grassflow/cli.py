@@ -22,7 +22,7 @@ its traceback. ``--debug`` (or ``$GRASSFLOW_DEBUG=1``) shows the traceback of th
 
 
 PARTICLE_SYSTEMS = ("dw4", "lj13")
-OBJECTIVE_NAMES = ("mle", "fm", "fm-ot")
+OBJECTIVE_NAMES = ("mle", "fm", "fm-ot", "fm-relabel")
 
 
 def _add_particle_data_options(g) -> None:

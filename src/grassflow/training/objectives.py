@@ -66,5 +66,7 @@ OBJECTIVES: dict[str, Objective] = {
     "mle": nll_objective,
     "fm": flow_matching_objective,
     "fm-ot": functools.partial(flow_matching_objective, coupling="ot"),
+    "fm-relabel": functools.partial(flow_matching_objective, coupling="relabel"),
 }
-"""Objectives by name: maximum likelihood, flow matching, flow matching with OT pairs."""
+"""Objectives by name: maximum likelihood, flow matching, flow matching with OT pairs, and
+with data clouds relabelled towards their prior samples (spans of clouds only)."""
