@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from grassflow.metrics.alignment import align, nearest, shape_descriptor
-from grassflow.viz.molecules import plot_nearest
+from grassflow.viz.molecules import plot_nearest, plot_side_by_side
 
 
 def _molecule(rng, n=19):
@@ -99,6 +99,21 @@ def test_plot_nearest_writes_png(tmp_path):
     assert path.stat().st_size > 1000
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert idx.shape == rmsd.shape == (2,) and (rmsd > 0).all()
+
+
+def test_plot_side_by_side_counts_clashes(tmp_path):
+    # catches: a clash fraction over the drawn rows only, or with the wrong threshold
+    rng = np.random.default_rng(7)
+    grid = 1.5 * np.stack(np.meshgrid(*[np.arange(3.0)] * 3), -1).reshape(27, 3)
+    X = np.stack([grid[rng.permutation(27)[:19]] for _ in range(10)])  # atoms >= 1.5 Å apart
+    Y = X.copy()
+    Y[:3, 1] = Y[:3, 0] + 0.5  # three molecules with two atoms 0.5 Å apart
+    path = tmp_path / "side.png"
+    got = plot_side_by_side({"a": X, "b": Y}, path, n=2)
+    assert got == {"a": 0.0, "b": 0.3}
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="n = 4"):
+        plot_side_by_side({"a": X[:3]}, path)
 
 
 def test_bad_shapes_raise():

@@ -17,7 +17,7 @@ from mpl_toolkits.mplot3d.art3d import Line3DCollection
 
 from ..metrics.alignment import _as_batch, align, nearest
 
-__all__ = ["plot_nearest"]
+__all__ = ["plot_nearest", "plot_side_by_side"]
 
 _DPI = 110
 _CELL = 2.6  # inches per 3-D panel
@@ -25,11 +25,17 @@ _CELL = 2.6  # inches per 3-D panel
 _ELEMENT_COLOURS = {1: "0.85", 6: "0.25", 7: "tab:blue", 8: "tab:red", 9: "tab:green"}
 
 
-def _draw(ax, P: np.ndarray, colours, cutoff: float, lim: float, elev, azim, title) -> None:
+def _draw(ax, P: np.ndarray, colours, cutoff: float, lim: float, elev, azim, title,
+          clash: float | None = None) -> None:  # fmt: skip
     i, j = np.triu_indices(len(P), 1)
-    bond = np.linalg.norm(P[i] - P[j], axis=1) < cutoff
+    r = np.linalg.norm(P[i] - P[j], axis=1)
+    bond = r < cutoff
     segs = np.stack([P[i[bond]], P[j[bond]]], 1)
     ax.add_collection3d(Line3DCollection(segs, colors="0.4", linewidths=1.2))
+    if clash is not None and (r < clash).any():  # atoms closer than any bond: in red
+        close = r < clash
+        segs = np.stack([P[i[close]], P[j[close]]], 1)
+        ax.add_collection3d(Line3DCollection(segs, colors="red", linewidths=3.0))
     ax.scatter(*P.T, c=colours, s=40, edgecolors="k", linewidths=0.4, depthshade=False)
     ax.set(xlim=(-lim, lim), ylim=(-lim, lim), zlim=(-lim, lim))
     ax.set_box_aspect((1, 1, 1), zoom=1.3)
@@ -105,3 +111,48 @@ def plot_nearest(
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=_DPI, bbox_inches="tight")
     return idx, rmsds
+
+
+def plot_side_by_side(
+    samples: dict[str, np.ndarray],
+    path: str | os.PathLike,
+    n: int = 4,
+    *,
+    bond_cutoff: float = 1.7,
+    clash: float = 0.9,
+    elev: float = 20.0,
+    azim: float = -60.0,
+) -> dict[str, float]:
+    """Generated molecules of several models, one column each (Figure 5 side by side).
+
+    Each column draws the first ``n`` molecules of its model, with bonds inferred from
+    distance (``< bond_cutoff``) and clashes (atoms closer than ``clash``, which no QM9
+    molecule has) in red; its title gives the fraction of all its samples with a clash.
+
+    Args:
+        samples: model name -> generated molecules, shape=[M, n_atoms, 3] (Å), ``M >= n``.
+        path: output PNG (saved at 110 dpi).
+        n: rows.
+
+    Returns:
+        Model name -> clash fraction over all its samples.
+    """
+    batches = {name: _as_batch(X, name) for name, X in samples.items()}
+    if not batches or min(len(X) for X in batches.values()) < n:
+        raise ValueError(f"every model needs at least n = {n} samples")
+    fig = Figure(figsize=(len(batches) * _CELL, n * _CELL))
+    fig.subplots_adjust(left=0, right=1, bottom=0, top=0.95, wspace=0, hspace=0.08)
+    fractions = {}
+    for c, (name, X) in enumerate(batches.items()):
+        i, j = np.triu_indices(X.shape[1], 1)
+        fractions[name] = float((np.linalg.norm(X[:, i] - X[:, j], axis=-1).min(-1)
+                                 < clash).mean())  # fmt: skip
+        for r in range(n):
+            x = X[r] - X[r].mean(0)
+            ax = fig.add_subplot(n, len(batches), r * len(batches) + c + 1, projection="3d")
+            title = f"{name}: {fractions[name]:.0%} clash" if r == 0 else ""
+            _draw(ax, x, "tab:cyan", bond_cutoff, 1.05 * np.abs(x).max(), elev, azim, title,
+                  clash=clash)  # fmt: skip
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    return fractions
