@@ -27,7 +27,6 @@ import torch
 from grassflow.experiments.shapes import GramTerm
 from grassflow.experiments.vs_enf import SHAPES, load_enf_splits
 from grassflow.flows import ShapeFlow
-from grassflow.nn.gram import DistanceGram
 from grassflow.training import TrainConfig, load_checkpoint, train
 from grassflow.training.rng import seeded_init
 from grassflow.training.threads import set_threads
@@ -45,12 +44,9 @@ def gram_nll(system: str, n_train: int, setting: str, minutes: float, runs: Path
     data = load_enf_splits(system, n_train)
     with seeded_init(0):
         model = ShapeFlow(*SHAPES[system], gram_components=components, gram_hidden=hidden,
-                          gram_layers=layers).double()  # fmt: skip
-        if family == "distance":
-            model.gram = DistanceGram(*SHAPES[system], hidden, layers,
-                                      components=components).double()  # fmt: skip
+                          gram_layers=layers, gram=family).double()  # fmt: skip
     Y, S = model.factor(data["train"])
-    model.gram.initialize(S, Y) if family == "distance" else model.gram.initialize(S)
+    model.gram.initialize(S, Y)
     term = GramTerm(model)
     config = TrainConfig(lr=1e-3, batch_size=128, iterations=10**7, val_every=200,
                          log_every=100, checkpoint_every=1000, dtype="float64",

@@ -32,7 +32,7 @@ MUTATIONS = {
         "experiments/shapes.py", "Y_val = model.factor(val_clouds[:n_val_flow])[0]",
         "Y_val = model.factor(train_clouds[:n_val_flow])[0]", ["tests/test_shapes_splits.py"]),
     "shapes: gram.initialize removed": (
-        "experiments/shapes.py", "    model.gram.initialize(S_train)\n", "",
+        "experiments/shapes.py", "    model.gram.initialize(S_train, Y_train)\n", "",
         ["tests/test_shapes_splits.py"]),
     "shapes: SEM as std/N": (
         "experiments/shapes.py", 'terms["log_prob"].std() / len(test) ** 0.5',

@@ -234,3 +234,29 @@ def test_precision_form_reduces_to_the_isotropic_one_and_has_stable_gradients():
     eq = torch.eye(k, dtype=torch.float64).requires_grad_()
     (_SPDLog.apply(eq) * M3).sum().backward()
     torch.testing.assert_close(eq.grad, M3, atol=1e-12, rtol=0)  # d log at I is the identity
+
+
+def test_shape_flow_with_the_distance_gram_is_invariant_and_samples():
+    # catches: the option not reaching ShapeFlow (a Wishart instead), the span-dependent
+    # initialization not run by train_shape_flow, or a Cartesian density that is not invariant
+    # to translations, rotations, reflections and relabelling with this Gram density
+    from grassflow.flows import ShapeFlow
+
+    n, d = 6, 3
+    torch.manual_seed(10)
+    model = ShapeFlow(n, d, gram="distance", gram_hidden=16).double()
+    assert isinstance(model.gram, DistanceGram)
+    P = 2.0 * torch.randn(40, n, d, dtype=torch.float64)
+    Y, S = model.factor(P)
+    model.gram.initialize(S, Y)
+    assert model.gram.scale.item() == pytest.approx(torch.diagonal(S, 0, -2, -1).mean().item())
+    with torch.no_grad():
+        lp = model.log_prob(P[:6], exact=True)
+        assert torch.isfinite(lp).all() and lp.std() > 0.1
+        Q = random_orthogonal(d, reflect=True).double()
+        moved = P[:6, torch.randperm(n)] @ Q + torch.randn(6, 1, d, dtype=torch.float64)
+        torch.testing.assert_close(model.log_prob(moved, exact=True), lp, atol=1e-6, rtol=0)
+        X = model.sample(5, torch.Generator().manual_seed(11))
+    assert X.shape == (5, n, d) and torch.isfinite(X).all()
+    with pytest.raises(ValueError, match="gram must be one of"):
+        ShapeFlow(n, d, gram="gaussian")

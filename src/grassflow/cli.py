@@ -361,7 +361,7 @@ def cmd_reproduce_vs_enf(args) -> None:
     else:
         base = vs_enf.ENFExperiment(potential=args.potential, objective=args.objective,
                                     tol=args.tol, data_dir=args.data_dir,
-                                    gram_components=args.gram_components,
+                                    gram_components=args.gram_components, gram=args.gram,
                                     gram_fraction=args.gram_fraction,
                                     gram_max_minutes=args.gram_max_minutes)  # fmt: skip
     vs_enf.sweep(
@@ -597,8 +597,10 @@ def build_parser() -> argparse.ArgumentParser:
     efm_group.add_argument("--batch-size", type=int)
     efm_group.add_argument("--coupling", choices=("independent", "ot", "equivariant-ot"))
     efm_group.add_argument("--dtype", choices=("float32", "float64"), help="of training")
+    p.add_argument("--gram", default="wishart", choices=("wishart", "distance"),
+                   help="density of S given the span (ShapeFlow's gram)")
     p.add_argument("--gram-components", type=int, default=1,
-                   help="Wishart mixture components of the Gram density")
+                   help="mixture components of the Gram density")
     p.add_argument("--gram-fraction", type=float, default=0.1,
                    help="share of --minutes for the Gram density (capped by the next)")
     p.add_argument("--gram-max-minutes", type=float, default=1.0)

@@ -219,7 +219,7 @@ def train_shape_flow(
     ``objective`` (``"fm"``, ``"fm-ot"`` or ``"mle"``) with ``flow``, in ``run_dir/flow``;
     then the Gram density by maximum likelihood (:class:`GramTerm`) with ``gram``, in
     ``run_dir/gram``. A fresh Gram density first takes the training clouds' mean scale
-    (:meth:`WishartGram.initialize`); a resumed one continues from its checkpoint.
+    (its ``initialize``); a resumed one continues from its checkpoint.
 
     Args:
         model: the :class:`ShapeFlow`, in the clouds' dtype; each part is moved in place to
@@ -235,7 +235,7 @@ def train_shape_flow(
     run_dir = Path(run_dir)
     Y_train, S_train = model.factor(train_clouds)
     Y_val = model.factor(val_clouds[:n_val_flow])[0]
-    model.gram.initialize(S_train)
+    model.gram.initialize(S_train, Y_train)
     train(model.flow, Y_train, flow, run_dir / "flow", val_data=Y_val,
           objective=OBJECTIVES[objective], resume=True, progress=progress)  # fmt: skip
     train(GramTerm(model), train_clouds, gram, run_dir / "gram", val_data=val_clouds,

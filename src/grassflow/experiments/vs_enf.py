@@ -37,6 +37,7 @@ from ..data.overlap import distinct_rows, novel_mask
 from ..data.particle_files import missing_files, shared_data_dir
 from ..data.shapes import helmert_basis
 from ..flows import POTENTIALS, ShapeFlow
+from ..flows.shape import GRAMS
 from ..metrics import mean_sem
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint
 from ..training.checkpoint import write_json
@@ -173,7 +174,7 @@ class ENFExperiment:
             objective: the GrCNF's, ``"fm"``, ``"fm-ot"`` or ``"mle"``.
         minutes: total training CPU minutes of both parts (split: :meth:`budgets`).
         tol: the ODE's atol = rtol, of validation and of the test NLL.
-        hidden, layers, gram_hidden, gram_layers, chunk_size: see :class:`ShapeFlow`.
+        hidden, layers, gram, gram_hidden, gram_layers, chunk_size: see :class:`ShapeFlow`.
         lr, batch_size: the flow's Adam (the Gram density's: 1e-3, 128).
         n_val_flow: validation configurations of the flow's exact NLL (the Gram uses all);
             it runs every ``val_every_minutes`` and at iterations 100, 200, 400, ...
@@ -193,6 +194,7 @@ class ENFExperiment:
     gram_hidden: int = 32
     gram_layers: int = 1
     gram_components: int = 1
+    gram: str = "wishart"
     gram_fraction: float = 0.1
     gram_max_minutes: float = 1.0
     chunk_size: int = 16
@@ -206,7 +208,8 @@ class ENFExperiment:
 
     def __post_init__(self):
         for name, allowed in (("system", tuple(ENF_SPLITS)), ("potential", POTENTIALS),
-                              ("objective", tuple(OBJECTIVES))):  # fmt: skip
+                              ("objective", tuple(OBJECTIVES)),
+                              ("gram", tuple(GRAMS))):  # fmt: skip
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
@@ -215,7 +218,8 @@ class ENFExperiment:
 
     @property
     def model(self) -> str:
-        gram = "" if self.gram_components == 1 else f"-gram{self.gram_components}"
+        tag = "gram" if self.gram == "wishart" else "distgram"
+        gram = "" if (self.gram_components, tag) == (1, "gram") else f"-{tag}{self.gram_components}"
         if (self.gram_fraction, self.gram_max_minutes) != (0.1, 1.0):
             gram += f"-share{self.gram_fraction:g}-max{self.gram_max_minutes:g}"
         return f"grassflow-{self.potential}-{self.objective}{gram}"
@@ -233,7 +237,7 @@ class ENFExperiment:
         for name in ("gram_components", "gram_fraction", "gram_max_minutes"):
             if getattr(self, name) != getattr(default, name):
                 cmd += f" --{name.replace('_', '-')} {getattr(self, name):g}"
-        return cmd
+        return cmd + ("" if self.gram == default.gram else f" --gram {self.gram}")
 
     def budgets(self) -> tuple[float, float]:
         """``(flow, gram)`` total minutes: the Gram density gets ``min(gram_max_minutes,
@@ -270,7 +274,7 @@ def build_model(exp: ENFExperiment) -> ShapeFlow:
             *SHAPES[exp.system], potential=exp.potential, hidden=exp.hidden, layers=exp.layers,
             atol=exp.tol, rtol=exp.tol, gram_hidden=exp.gram_hidden,
             gram_layers=exp.gram_layers, chunk_size=exp.chunk_size,
-            gram_components=exp.gram_components,
+            gram_components=exp.gram_components, gram=exp.gram,
         ).double()  # fmt: skip
 
 

@@ -24,13 +24,14 @@ from ..data.shapes import helmert_basis
 from ..distributions.cartesian import log_jacobian_gram, random_orthogonal, shape_factor
 from ..manifolds import Grassmann
 from ..nn import PRESETS, GrassmannField, Potential
-from ..nn.gram import WishartGram
+from ..nn.gram import DistanceGram, WishartGram
 from ..nn.graph import GraphPotential
 from .grcnf import GrCNF
 
-__all__ = ["POTENTIALS", "ShapeFlow"]
+__all__ = ["GRAMS", "POTENTIALS", "ShapeFlow"]
 
 POTENTIALS = ("graph", "mlp")
+GRAMS = {"wishart": WishartGram, "distance": DistanceGram}  # densities of S given the span
 
 
 class ShapeFlow(nn.Module):
@@ -47,8 +48,11 @@ class ShapeFlow(nn.Module):
             molecule), seen by the graph potential and the Gram density.
         prior: GrCNF base, ``"uniform"`` (default; permutation invariant) or ``"gaussian"``.
         sigma, T, train_T, divergence, method, atol, rtol: see :class:`GrCNF`.
-        gram_hidden, gram_layers, gram_components: of the :class:`WishartGram` (components:
-            a mixture of that many Wisharts).
+        gram: the density of S given the span, ``"wishart"`` (:class:`WishartGram`, default)
+            or ``"distance"`` (:class:`DistanceGram`: a log-normal around a least-squares fit
+            of learned pair distances, with per-pair precisions; much sharper on LJ13).
+        gram_hidden, gram_layers, gram_components: of the Gram density (components: a
+            mixture of that many).
         chunk_size: clouds per ODE solve in :meth:`log_prob` and :meth:`sample`; bounds the
             peak memory of the exact divergence (k(D - k) Hessian-vector products at once).
     """
@@ -73,6 +77,7 @@ class ShapeFlow(nn.Module):
         gram_layers: int = 1,
         chunk_size: int = 16,
         gram_components: int = 1,
+        gram: str = "wishart",
     ):
         super().__init__()
         if not (isinstance(n_points, int) and isinstance(dim, int) and 1 <= dim <= n_points - 2):
@@ -96,7 +101,9 @@ class ShapeFlow(nn.Module):
             row_cov=sigma**2 * torch.eye(D), col_cov=sigma**2 * torch.eye(k), T=T,
             train_T=train_T, divergence=divergence, method=method, atol=atol, rtol=rtol,
         )  # fmt: skip
-        self.gram = WishartGram(n_points, dim, gram_hidden, gram_layers, labels,
+        if gram not in GRAMS:
+            raise ValueError(f"gram must be one of {tuple(GRAMS)}, got {gram!r}")
+        self.gram = GRAMS[gram](n_points, dim, gram_hidden, gram_layers, labels,
                                 components=gram_components)  # fmt: skip
         self.register_buffer("H", helmert_basis(n_points))  # float64; used in P's dtype
 

@@ -109,8 +109,9 @@ class WishartGram(nn.Module):
             self.weight.bias.copy_(log_scale + spread)
 
     @torch.no_grad()
-    def initialize(self, S: Tensor) -> None:
-        """Set the common scale from the mean trace of ``S: (N, k, k)``. With one component,
+    def initialize(self, S: Tensor, Y: Tensor | None = None) -> None:
+        """Set the common scale from the mean trace of ``S: (N, k, k)`` (``Y``, the spans, is
+        not needed; :class:`DistanceGram` uses it). With one component,
         ``E[tr S]`` then matches it exactly on a fresh module (whose per-point weights are all
         equal); with several, the components' scales spread around it on a log scale (their
         geometric mean matches), so the mixture's mean trace is higher (about 1.3x for 4)."""
