@@ -86,7 +86,8 @@ def main() -> None:
     p.add_argument("--systems", nargs="+", default=["dw4", "lj13"])
     p.add_argument("--samples", nargs="+", type=int, default=[4096, 16384],
                    help="importance samples per cloud (several: a convergence check)")
-    p.add_argument("--sigmas", nargs="+", type=float, default=[0.1, 0.25, 0.6])
+    p.add_argument("--sigmas", nargs="+", type=float, default=[0.1, 0.3, 0.7, 1.5],
+                   help="proposal widths: wide ones for DW4's multimodal conditional")
     p.add_argument("--boltzmann", nargs="*", default=[], help="boltzmann.json files (log Z)")
     p.add_argument("--out", default="results")
     args = p.parse_args()
@@ -98,7 +99,11 @@ def main() -> None:
             total = totals[r["system"]]["boltzmann_test_nll"]
             r.update(total_floor=total, grassmann_floor=total - r["jacobian"] - r["gram_floor"])
         print(json.dumps(r), flush=True)
-    (Path(args.out) / "part_floors.json").write_text(json.dumps(rows, indent=1))
+    path = Path(args.out) / "part_floors.json"
+    key = lambda r: (r["system"], r["samples"], tuple(r["sigmas"]))  # noqa: E731
+    old = json.loads(path.read_text()) if path.exists() else []
+    rows = [r for r in old if key(r) not in {key(n) for n in rows}] + rows
+    path.write_text(json.dumps(rows, indent=1))
     lines = ["| system | proposal widths | samples | Gram floor (± SEM) | Jacobian | total floor | "
              "Grassmann floor | median ESS | min ESS |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
