@@ -146,6 +146,22 @@ def test_runs_from_before_run_identities_are_adopted(tmp_path, caplog):
         claim_run_dir(run, preset(total_budget_minutes=None), identity(X + 1))
 
 
+def test_fields_added_later_keep_old_runs_resumable(tmp_path):
+    # catches: every vs-E-NF run made before ShapeFlow's `gram` option (or another added
+    # field) refusing to continue, while a run that really differs in it is still refused
+    from grassflow.experiments.vs_enf import ENFExperiment
+
+    run = tmp_path / "run"
+    new = ENFExperiment().to_dict()
+    old = {k: v for k, v in new.items() if k not in ("gram", "gram_components")}
+    run.mkdir()
+    (run / "experiment.json").write_text(json.dumps(old))
+    (run / "data.json").write_text(json.dumps(identity(X)))
+    claim_run_dir(run, new, identity(X), budget_keys=("minutes",))
+    with pytest.raises(RunMismatch, match="gram"):
+        claim_run_dir(run, {**new, "gram": "distance"}, identity(X), budget_keys=("minutes",))
+
+
 def test_no_resume_refuses_before_writing(tmp_path):
     # catches: a refused invocation overwriting the run's preset on its way out
     run = tmp_path / "run"

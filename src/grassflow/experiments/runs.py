@@ -44,7 +44,7 @@ _FREE = ("train.budget_minutes", "train.device", "data_dir", "cache_dir", "data"
          "flow.budget_minutes", "flow.device", "gram.budget_minutes", "gram.device")
 # preset fields added after runs were made: the value those runs had without saying so
 _ADDED = {"gram_components": 1, "gram_fraction": 0.1, "gram_max_minutes": 1.0,
-          "model": "shapeflow", "coupling": "equivariant-ot"}  # fmt: skip
+          "model": "shapeflow", "coupling": "equivariant-ot", "gram": "wishart"}  # fmt: skip
 
 
 class RunMismatch(ValueError):
