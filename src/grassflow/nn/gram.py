@@ -48,6 +48,15 @@ def metric_fit(d: Tensor, w: Tensor, t: Tensor) -> Tensor:
     return S
 
 
+def _draw_component(log_pi: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One mixture component per row of ``log_pi: (..., C)`` -> ``(..., 1)`` long. With one
+    component nothing is drawn, so the generator's stream is the same as without a mixture."""
+    if log_pi.shape[-1] == 1:
+        return torch.zeros_like(log_pi, dtype=torch.long)
+    c = torch.multinomial(log_pi.exp().reshape(-1, log_pi.shape[-1]), 1, generator=generator)
+    return c.reshape(*log_pi.shape[:-1], 1)
+
+
 class WishartGram(nn.Module):
     """``S | Y ~ Wishart_k(nu(Y), Sigma(Y) / nu(Y))``, so ``E[S | Y] = Sigma(Y)``, with
 
@@ -147,11 +156,7 @@ class WishartGram(nn.Module):
     def sample(self, Y: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """One ``S ~ p(S | Y)`` per representative, ``(..., k, k)``."""
         Sigma, nu, log_pi = self.mixture_params(Y)
-        if self.components == 1:  # no draw, so one component keeps the generator's stream
-            c = torch.zeros_like(log_pi, dtype=torch.long)
-        else:
-            c = torch.multinomial(log_pi.exp().reshape(-1, self.components), 1,
-                                  generator=generator).reshape(*log_pi.shape[:-1], 1)  # fmt: skip
+        c = _draw_component(log_pi, generator)
         nu = torch.take_along_dim(nu, c, dim=-1).squeeze(-1)
         Sigma = torch.take_along_dim(Sigma, c[..., None, None], dim=-3).squeeze(-3)
         return wishart_sample(nu, Sigma / nu[..., None, None], generator)
@@ -268,11 +273,7 @@ class DistanceGram(nn.Module):
     def sample(self, Y: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """One ``S ~ p(S | Y)`` per representative, ``(..., k, k)``."""
         L, precision, log_pi = self.mixture_params(Y)
-        if self.components == 1:
-            c = torch.zeros_like(log_pi, dtype=torch.long)
-        else:
-            c = torch.multinomial(log_pi.exp().reshape(-1, self.components), 1,
-                                  generator=generator).reshape(*log_pi.shape[:-1], 1)  # fmt: skip
+        c = _draw_component(log_pi, generator)
         L = torch.take_along_dim(L, c[..., None, None], dim=-3).squeeze(-3)
         precision = torch.take_along_dim(precision, c[..., None, None], dim=-3).squeeze(-3)
         return spd_lognormal_precision_sample(L, precision, generator)
