@@ -60,7 +60,8 @@ def gram_floor(system: str, samples: int, sigmas: tuple[float, ...], seed: int =
         Sp = spd_lognormal_sample(M, s, s, gen)  # (B, m, k, k)
         w = widths[:, None, None].expand(C, B, samples)
         log_q = torch.logsumexp(spd_lognormal_log_prob(Sp, M, w, w), 0) - math.log(C)
-        root = _sqrtm(Sp)
+        # any B with B B^T = S' gives a cloud Y B of that span and Gram; U ignores rotations
+        root = torch.linalg.cholesky(Sp)
         log_f = -U(H @ Yc.unsqueeze(1) @ root) + c * torch.logdet(Sp)
         log_w = torch.nan_to_num(log_f - log_q, nan=-math.inf)
         log_I = torch.logsumexp(log_w, -1) - math.log(samples)
@@ -74,11 +75,6 @@ def gram_floor(system: str, samples: int, sigmas: tuple[float, ...], seed: int =
                                                                  ).item(),
             "jacobian": jac.mean().item(), "ess_fraction_median": ess.median().item(),
             "ess_fraction_min": ess.min().item()}  # fmt: skip
-
-
-def _sqrtm(S: torch.Tensor) -> torch.Tensor:
-    lam, V = torch.linalg.eigh(S)
-    return (V * lam.clamp_min(0).sqrt().unsqueeze(-2)) @ V.mT
 
 
 def main() -> None:
@@ -100,6 +96,7 @@ def main() -> None:
             r.update(total_floor=total, grassmann_floor=total - r["jacobian"] - r["gram_floor"])
         print(json.dumps(r), flush=True)
     path = Path(args.out) / "part_floors.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     key = lambda r: (r["system"], r["samples"], tuple(r["sigmas"]))  # noqa: E731
     old = json.loads(path.read_text()) if path.exists() else []
     rows = [r for r in old if key(r) not in {key(n) for n in rows}] + rows
