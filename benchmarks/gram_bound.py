@@ -36,6 +36,7 @@ SETTINGS = {  # name -> (family, components, hidden, layers)
     "16 Wisharts, 64 x 2": ("wishart", 16, 64, 2),
     "pair-distance fit, 1 log-normal, 32 x 1": ("distance", 1, 32, 1),
     "pair-distance fit, 4 log-normals, 32 x 2": ("distance", 4, 32, 2),
+    "pair-distance fit, 8 log-normals, 32 x 2": ("distance", 8, 32, 2),
 }
 
 

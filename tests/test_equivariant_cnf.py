@@ -255,3 +255,129 @@ def test_float32_evaluation_agrees_with_float64():
         a, b = m64.log_prob(P), m32.log_prob(P.float()).double()
     assert b.dtype == torch.float64 and m32.H.dtype == torch.float32
     assert (a - b).mean().abs() < 1e-3 and (a - b).abs().max() < 1e-2
+
+
+# ------------------------------------------------------------------ point labels (atom types)
+
+LABELS = torch.tensor([6, 6, 1, 1, 1, 8])  # two C, three H, one O
+
+
+def _label_preserving_perm(labels: torch.Tensor) -> torch.Tensor:
+    perm = torch.arange(len(labels))
+    for v in labels.unique():
+        g = (labels == v).nonzero().flatten()
+        perm[g] = g[torch.randperm(len(g))]
+    return perm
+
+
+def test_labelled_field_is_equivariant_to_label_preserving_relabellings():
+    # bug caught: the labels not following their points (e.g. one-hot indexed by position
+    # after a permutation), or a label embedding that breaks E(3) equivariance
+    f = _model(6, 3, labels=LABELS).field
+    x, t = _clouds(4, 6, 3), torch.rand(4)
+    Q, perm, c = random_orthogonal(3), _label_preserving_perm(LABELS), torch.randn(1, 1, 3)
+    assert not torch.equal(perm, torch.arange(6))
+    torch.testing.assert_close(f(t, (x @ Q)[:, perm] + c), (f(t, x) @ Q)[:, perm])
+    m = _model(6, 3, labels=LABELS)
+    with torch.no_grad():
+        torch.testing.assert_close(m.log_prob((x @ Q)[:, perm] - 2.0), m.log_prob(x),
+                                   atol=1e-5, rtol=0)  # fmt: skip
+
+
+def test_labels_break_invariance_to_swapping_different_elements():
+    # bug caught: labels accepted but never reaching the features (the density would stay
+    # invariant to every relabelling, as the unlabelled model's is)
+    swap = torch.tensor([2, 1, 0, 3, 4, 5])  # a C and an H trade places
+    x = _clouds(6, 6, 3)
+    labelled, plain = _model(6, 3, gain=0.3, labels=LABELS), _model(6, 3, gain=0.3)
+    with torch.no_grad():
+        torch.testing.assert_close(plain.log_prob(x[:, swap]), plain.log_prob(x), atol=1e-5,
+                                   rtol=0)  # fmt: skip
+        change = (labelled.log_prob(x[:, swap]) - labelled.log_prob(x)).abs()
+    assert change.min() > 1e-3  # the ODE tolerance is 1e-7
+
+
+def test_unlabelled_model_keeps_its_state_dict_and_numbers():
+    # bug caught: a label embedding (or buffer) added to every model, so that checkpoints
+    # saved before labels existed no longer load or give other numbers. The fingerprints are
+    # of the code before labels (seeded init of EGNNField(5, 3, hidden=8, layers=2)).
+    torch.manual_seed(3)
+    f = EGNNField(5, 3, hidden=8, layers=2)
+    keys = ["embed.weight", "embed.bias"] + [
+        f"{m}.{k}.{p}" for m, ps in (("source", ("weight", "bias")), ("target", ("weight",)),
+                                     ("distance", ("weight",))) for k in range(2) for p in ps
+    ]  # fmt: skip
+    assert list(f.state_dict())[: len(keys)] == keys and "labels" not in f.state_dict()
+    assert len(f.state_dict()) == 34 and f.embed.weight.shape == (8, 1)
+    assert sum(p.sum() for p in f.parameters()).item() == pytest.approx(-8.872553853609714,
+                                                                        rel=1e-12)  # fmt: skip
+    with torch.no_grad():
+        for mlp in f.coord:
+            mlp[-1].weight.fill_(0.05)
+    torch.manual_seed(1)
+    out = f(torch.tensor(0.3), torch.randn(2, 5, 3)).square().sum().item()
+    assert out == pytest.approx(0.7654808599392411, rel=1e-10)
+    m = EquivariantCNF(5, 3, hidden=8, layers=2)
+    m.load_state_dict({f"field.{k}": v for k, v in f.state_dict().items()}
+                      | {"H": m.H, "prior_std": m.prior_std})  # strict  # fmt: skip
+
+
+def test_labelled_state_dict_round_trip_and_bad_labels():
+    # bug caught: labels not saved with the model (a reload would silently drop them)
+    m = _model(6, 3, labels=LABELS)
+    assert torch.equal(m.state_dict()["field.labels"], LABELS)
+    other = EquivariantCNF(6, 3, hidden=16, layers=2, labels=LABELS)
+    other.load_state_dict(m.state_dict())
+    x = _clouds(2, 6, 3)
+    torch.testing.assert_close(other.field(0.5, x), m.field(0.5, x))
+    with pytest.raises(RuntimeError):  # an unlabelled model cannot take it
+        EquivariantCNF(6, 3, hidden=16, layers=2).load_state_dict(m.state_dict())
+    with pytest.raises(ValueError, match="6 non-negative integers"):
+        EGNNField(6, 3, labels=torch.tensor([1.0] * 6))
+    with pytest.raises(ValueError, match="n_labels"):
+        EGNNField(6, 3, labels=LABELS, n_labels=5)
+
+
+def test_labelled_align_swaps_only_points_of_equal_labels(monkeypatch):
+    # bug caught: the equivariant-OT coupling relabelling a data cloud across elements (its
+    # O would become an H: the regression target would be another molecule)
+    x0 = torch.randn(8, 6, 3)
+    x0 = x0 - x0.mean(1, keepdim=True)
+    cross = torch.tensor([5, 2, 1, 4, 3, 0])  # every point moves to another label's slot
+    x1 = x0[:, cross] @ random_orthogonal(3)
+    group_shape = lambda X, g: torch.cdist(X[:, g], X[:, g]).flatten(1).sort(1).values
+    y, y_plain = align(x0, x1, labels=LABELS), align(x0, x1)
+    for v in LABELS.unique():
+        g = (LABELS == v).nonzero().flatten()
+        torch.testing.assert_close(group_shape(y, g), group_shape(x1, g))
+    assert (y_plain - x0).square().sum() < 1e-12 < (y - x0).square().sum()  # power
+    seen = {}
+    monkeypatch.setattr("grassflow.baselines.matching.align",
+                        lambda a, b, **kw: seen.update(kw) or b)  # fmt: skip
+    cfm_objective(_model(6, 3, labels=LABELS), torch.randn(4, 6, 3))
+    assert torch.equal(seen["labels"], LABELS)
+
+
+def test_train_labelled_data_with_the_baseline_reloads_its_labels(tmp_path):
+    # bug caught: build_model dropping the data's labels for the baseline, or a saved run
+    # reloading without them; and a preset saved before labels (no efm_labels) must build
+    # the unlabelled model its checkpoint holds
+    import json
+
+    import numpy as np
+
+    from grassflow.experiments import shapes
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "m.npz", positions=rng.standard_normal((30, 6, 3)),
+             labels=LABELS.numpy())  # fmt: skip
+    exp = shapes.ShapeExperiment(data=str(tmp_path / "m.npz"), model="equivariant-cnf",
+                                 hidden=8, layers=1, atol=1e-3, rtol=1e-3)  # fmt: skip
+    exp.flow = exp.flow.replace(iterations=1, batch_size=8, val_every=1, checkpoint_every=1)
+    resolved = shapes.run(exp, tmp_path / "run", progress=False)
+    assert resolved.efm_labels is True and resolved.labels == tuple(LABELS.tolist())
+    _, model = shapes.load_run(tmp_path / "run")
+    assert torch.equal(model.labels, LABELS)
+    old = json.loads((tmp_path / "run" / "experiment.json").read_text())
+    del old["efm_labels"]
+    assert shapes.build_model(shapes.ShapeExperiment.from_dict(old)).labels is None

@@ -2,11 +2,12 @@
 
 The field of the equivariant flow-matching baseline (:class:`.EquivariantCNF`): the EGNN of
 Satorras et al. (2021) in the "dynamics" form that E-NF and EFM use. Node features start from
-the time; each layer forms messages from both end points' features and the squared distance,
-gates them (attention), moves every point along normalized difference vectors by a bounded
-(tanh) amount, and updates the features residually. The velocity is the total displacement,
-centred. Only differences and distances enter, so the velocity is equivariant to rotations,
-reflections, translations and permutations of the points.
+the time (and optional per-point labels, e.g. atom types, one-hot); each layer forms messages
+from both end points' features and the squared distance, gates them (attention), moves every
+point along normalized difference vectors by a bounded (tanh) amount, and updates the
+features residually. The velocity is the total displacement, centred. Only differences and
+distances enter, so the velocity is equivariant to rotations, reflections, translations and
+permutations of the points (with labels: the permutations that keep the labels).
 
 References:
     Satorras, Hoogeboom, Welling. E(n) Equivariant Graph Neural Networks. ICML 2021.
@@ -48,6 +49,11 @@ class EGNNField(nn.Module):
         layers: message-passing layers (EFM: 3).
         attention: gate each message by ``sigmoid(Linear(m_ij))``.
         coord_range: bound of each pair's displacement per layer (``coord_range tanh(.)``).
+        labels: optional ``(n,)`` non-negative integer labels of the points (e.g. atomic
+            numbers), the same for every cloud, one-hot in the initial node features as in
+            :class:`~grassflow.nn.graph.PointGraph`. None (default) builds the unlabelled
+            field exactly as before labels existed (same parameters, state dict, numbers).
+        n_labels: number of label values (default ``labels.max() + 1``).
     """
 
     def __init__(
@@ -58,6 +64,8 @@ class EGNNField(nn.Module):
         layers: int = 3,
         attention: bool = True,
         coord_range: float = 10.0,
+        labels: Tensor | None = None,
+        n_labels: int | None = None,
     ):
         super().__init__()
         if not (isinstance(n_points, int) and isinstance(dim, int) and n_points >= 2 and dim >= 1):
@@ -67,7 +75,19 @@ class EGNNField(nn.Module):
         if not coord_range > 0:
             raise ValueError(f"coord_range must be > 0, got {coord_range!r}")
         self.n_points, self.dim, self.hidden, self.coord_range = n_points, dim, hidden, coord_range
-        self.embed = nn.Linear(1, hidden)
+        self.n_labels = 0
+        if labels is not None:
+            labels = torch.as_tensor(labels)
+            if labels.shape != (n_points,) or labels.is_floating_point() or (labels < 0).any():
+                raise ValueError(f"labels must be {n_points} non-negative integers, got {labels}")
+            self.n_labels = int(labels.max()) + 1 if n_labels is None else n_labels
+            if self.n_labels <= labels.max():
+                raise ValueError(f"n_labels = {n_labels} <= the largest label {labels.max()}")
+            # only when labelled: an unlabelled field keeps its old state dict
+            self.register_buffer("labels", labels.long())
+        else:
+            self.labels = None
+        self.embed = nn.Linear(1 + self.n_labels, hidden)
         # the first message layer, Linear(h_i, h_j, r2), as per-point products gathered onto
         # the pairs: n instead of n (n - 1) products of width hidden, the costliest step
         self.source = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(layers))
@@ -85,7 +105,8 @@ class EGNNField(nn.Module):
             nn.init.zeros_(mlp[-1].bias)
 
     def extra_repr(self) -> str:
-        return f"n_points={self.n_points}, dim={self.dim}, coord_range={self.coord_range:g}"
+        labels = f", labels={self.n_labels}" if self.n_labels else ""
+        return f"n_points={self.n_points}, dim={self.dim}, coord_range={self.coord_range:g}{labels}"
 
     def forward(self, t: Tensor, x: Tensor) -> Tensor:
         """``t``: scalar or ``(...)`` times; ``x: (..., n, d)`` -> ``v: (..., n, d)``, centred."""
@@ -93,6 +114,9 @@ class EGNNField(nn.Module):
         i, j = (idx.to(x.device) for idx in _ordered_pairs(n))
         t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
         t = t.reshape(*t.shape, 1, 1).expand(*x.shape[:-2], n, 1)
+        if self.labels is not None:
+            onehot = nn.functional.one_hot(self.labels, self.n_labels).to(x.dtype)
+            t = torch.cat([t, onehot.expand(*x.shape[:-2], n, self.n_labels)], dim=-1)
         h = self.embed(t)
         x0, batch = x, x.shape[:-2]
         for k, (message, coord, update) in enumerate(zip(self.message, self.coord, self.update)):

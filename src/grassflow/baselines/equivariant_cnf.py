@@ -15,7 +15,8 @@ compare directly: nats per cloud, Lebesgue measure on the (n - 1) d CoM-free coo
   Jacobian by forward-mode products along every basis direction. No Hutchinson estimate.
 
 The density is invariant to translations (it lives on centred clouds), rotations,
-reflections and relabellings, because the field is equivariant and the prior invariant.
+reflections and relabellings, because the field is equivariant and the prior invariant. With
+per-point ``labels`` (atom types) only relabellings that keep the labels leave it unchanged.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class EquivariantCNF(nn.Module):
         atol, rtol: dopri5 tolerances of :meth:`log_prob` and :meth:`sample`.
         chunk_size: clouds per ODE solve; bounds the memory of the exact divergence
             ((n - 1) d forward-mode products at once).
+        labels, n_labels: optional ``(n,)`` integer point labels of the :class:`.EGNNField`
+            (e.g. atomic numbers) and their number; None keeps the unlabelled model.
     """
 
     def __init__(
@@ -57,18 +60,26 @@ class EquivariantCNF(nn.Module):
         atol: float = 1e-5,
         rtol: float = 1e-5,
         chunk_size: int = 16,
+        labels: Tensor | None = None,
+        n_labels: int | None = None,
     ):
         super().__init__()
         if not (isinstance(chunk_size, int) and chunk_size >= 1):
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         if not (atol > 0 and rtol > 0):
             raise ValueError(f"atol and rtol must be > 0, got {atol!r}, {rtol!r}")
-        self.field = EGNNField(n_points, dim, hidden, layers, attention, coord_range)
+        self.field = EGNNField(n_points, dim, hidden, layers, attention, coord_range, labels,
+                               n_labels)  # fmt: skip
         self.n_points, self.dim, self.chunk_size = n_points, dim, chunk_size
         self.atol, self.rtol = atol, rtol
         self.register_buffer("H", helmert_basis(n_points))  # float64; used in P's dtype
         self.register_buffer("prior_std", torch.tensor(float(prior_std), dtype=torch.float64))
         self.last_stats: dict = {}
+
+    @property
+    def labels(self) -> Tensor | None:
+        """The ``(n,)`` point labels of the field, or None."""
+        return self.field.labels
 
     @property
     def event_dim(self) -> int:

@@ -14,6 +14,8 @@ are chosen by a coupling:
   searches the relabelling for all B^2 pairs; here it is done for the B chosen pairs only,
   because B^2 Hungarian solves per step would cost more than the step itself. The data law
   is invariant under both groups, so aligning ``x1`` changes the coupling, not the target.
+  A model with point labels (atom types) is invariant only to relabellings that keep them,
+  so its ``x1`` is relabelled within each label only.
 
 References:
     Lipman et al. Flow Matching for Generative Modeling. ICLR 2023.
@@ -30,6 +32,8 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
+
+from ..metrics.alignment import assign_within_labels, label_groups
 
 __all__ = [
     "CFM_COUPLINGS", "align", "cfm_losses", "cfm_objective", "orthogonal_cost", "procrustes",
@@ -72,20 +76,26 @@ def _axis_starts(x0: Tensor, x1: Tensor) -> Tensor:
     return V1 @ torch.diag_embed(signs)[:, None] @ V0.mT
 
 
-def align(x0: Tensor, x1: Tensor, rounds: int = 1) -> Tensor:
+def align(x0: Tensor, x1: Tensor, rounds: int = 1, labels: Tensor | None = None) -> Tensor:
     """``x1`` relabelled and rotated towards ``x0`` (both ``(B, n, d)``, centred).
 
     From each of the 2^d principal-axis starts (:func:`_axis_starts`) and from the
     Procrustes rotation, ``rounds`` of (Hungarian relabelling of x1's points to x0's, then
     Procrustes rotation); the closest result per pair is kept. A local search: it can miss
-    the global optimum, but it never returns x1 farther from x0 than the rotation alone."""
+    the global optimum, but it never returns x1 farther from x0 than the rotation alone.
+    With ``labels: (n,)`` (of both clouds' points) only points of equal labels swap."""
     B, n, d = x1.shape
+    groups = None if labels is None else label_groups(labels.cpu().numpy(), n)
     starts = torch.cat([_axis_starts(x0, x1), procrustes(x0, x1)[None]])  # (S, B, d, d)
     X0 = x0.expand(len(starts), B, n, d).reshape(-1, n, d)
     y = (x1 @ starts).reshape(-1, n, d)
     for _ in range(rounds):
         cost = torch.cdist(X0, y).square()  # (S B, n, n): x0's point i vs y's point j
-        perm = torch.stack([_assignment(c.T) for c in cost])  # y's point for each of x0's
+        if groups is None:
+            perm = torch.stack([_assignment(c.T) for c in cost])  # y's point for each of x0's
+        else:
+            perms = [assign_within_labels(c.cpu().numpy(), groups) for c in cost]
+            perm = torch.as_tensor(np.stack(perms), device=y.device)
         y = torch.gather(y, 1, perm.unsqueeze(-1).expand_as(y))
         y = y @ procrustes(X0, y)
     y = y.reshape(len(starts), B, n, d)
@@ -123,6 +133,6 @@ def cfm_objective(
             x0 = x0[_assignment(torch.cdist(x0.flatten(1), x1.flatten(1)).square())]
         elif coupling == "equivariant-ot":
             x0 = x0[_assignment(orthogonal_cost(x0, x1))]
-            x1 = align(x0, x1)
+            x1 = align(x0, x1, labels=getattr(model, "labels", None))
     t = torch.rand(B, dtype=x1.dtype, device=x1.device)
     return cfm_losses(model, x0, x1, t).mean(), {"nfe": 0}

@@ -17,6 +17,7 @@ A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``gram/``, 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,10 @@ class ShapeExperiment:
         n_val_flow: validation clouds for the GrCNF's exact NLL (the Gram density uses all).
         flow, gram: the two training configurations.
         n_points, dim, labels: read from the data (labels when every cloud has the same).
+        efm_labels: the baseline only: embed ``labels`` (atom types) in its EGNN's node
+            features. None, the default, is resolved by :func:`run`: True for a new run, the
+            saved value when continuing one; None in a saved preset (runs made before this
+            option) means no labels, as those runs were trained.
     """
 
     data: str
@@ -116,6 +121,7 @@ class ShapeExperiment:
     dim: int | None = None
     labels: tuple[int, ...] | None = None
     coupling: str = "equivariant-ot"
+    efm_labels: bool | None = None
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -179,7 +185,8 @@ def build_model(exp: ShapeExperiment) -> ShapeFlow | EquivariantCNF:
         if exp.model == "equivariant-cnf":
             return EquivariantCNF(exp.n_points, exp.dim, hidden=exp.hidden or 32,
                                   layers=exp.layers, atol=exp.atol, rtol=exp.rtol,
-                                  chunk_size=exp.chunk_size).double()  # fmt: skip
+                                  chunk_size=exp.chunk_size,
+                                  labels=labels if exp.efm_labels else None).double()  # fmt: skip
         return ShapeFlow(
             exp.n_points, exp.dim, potential=exp.potential, hidden=exp.hidden,
             layers=exp.layers, labels=labels, prior=exp.prior, atol=exp.atol, rtol=exp.rtol,
@@ -272,6 +279,11 @@ def run(
         print(f"skipped: {line}")
     n, d = splits["train"].shape[1:]
     exp = dataclasses.replace(exp, n_points=n, dim=d, labels=splits["labels"])
+    if exp.model == "equivariant-cnf" and exp.efm_labels is None:
+        # a new run embeds the labels; a continued one stays as trained (None: before labels)
+        saved = run_dir / "experiment.json"
+        old = json.loads(saved.read_text()) if saved.exists() and not force else {}
+        exp = dataclasses.replace(exp, efm_labels=old.get("efm_labels") if old else True)
     identity = {"path": str(Path(exp.data).resolve()),
                 **data_identity(**{s: splits[s] for s in ("train", "val", "test")})}  # fmt: skip
     claim_run_dir(run_dir, exp.to_dict(), identity, force=force, resume=resume,

@@ -1,5 +1,5 @@
 """Sample-quality metrics: on Gr(k, D), distance histograms, molecule alignment, contacts,
-Boltzmann-generator metrics (energy W1, importance weights, ESS)."""
+bonds kept, Boltzmann-generator metrics (energy W1, importance weights, ESS)."""
 
 from .alignment import align, nearest, shape_descriptor
 from .boltzmann import (
@@ -8,6 +8,7 @@ from .boltzmann import (
     finite_energies,
     log_importance_weights,
 )
+from .bonds import bond_lengths, bonds_kept, bonds_kept_fraction
 from .contacts import closest_pair_fraction
 from .histograms import histogram, jsd
 from .mmd import median_bandwidth, mmd2, pairwise_chordal_dist2
@@ -15,6 +16,9 @@ from .summary import mean_sem
 
 __all__ = [
     "align",
+    "bond_lengths",
+    "bonds_kept",
+    "bonds_kept_fraction",
     "closest_pair_fraction",
     "effective_sample_size",
     "energy_w1",

@@ -18,7 +18,9 @@ import itertools
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-__all__ = ["align", "nearest", "shape_descriptor"]
+__all__ = [
+    "align", "align_batch", "assign_within_labels", "label_groups", "nearest", "shape_descriptor",
+]  # fmt: skip
 
 _SIGNED_PERMS = np.array(
     [
@@ -69,16 +71,39 @@ def _starts(A, B, reflections: bool, restarts: int, seed: int, axis_perms: bool 
     return R
 
 
-def _align_many(A, B, reflections, restarts, seed, max_iter, axis_perms=True):
+def label_groups(labels, n: int) -> list[np.ndarray] | None:
+    """The atom indices of each label value (for :func:`assign_within_labels`), or None."""
+    if labels is None:
+        return None
+    L = np.asarray(labels)
+    if L.shape != (n,) or not np.issubdtype(L.dtype, np.integer):
+        raise ValueError(f"labels must be {n} integers, got {L.dtype} of shape {L.shape}")
+    return [np.flatnonzero(L == v) for v in np.unique(L)]
+
+
+def assign_within_labels(cost: np.ndarray, groups: list[np.ndarray] | None) -> np.ndarray:
+    """``perm`` minimizing ``sum_i cost[i, perm[i]]``, with ``perm`` mapping every label
+    group onto itself when ``groups`` is given (one Hungarian solve per group)."""
+    if groups is None:
+        return linear_sum_assignment(cost)[1]
+    perm = np.empty(len(cost), np.int64)
+    for g in groups:
+        perm[g] = g[linear_sum_assignment(cost[np.ix_(g, g)])[1]]
+    return perm
+
+
+def align_batch(A, B, reflections, restarts, seed, max_iter, axis_perms=True, labels=None):
     """Align each centred ``B: (C, n, 3)`` onto centred ``A: (n, 3)``.
 
     All starts of all ``C`` problems advance together (batched numpy); only the Hungarian
     step loops in Python. A start stops once it reaches an assignment already seen for
     its problem, since the alternation from a given assignment on is deterministic.
+    ``labels: (n,)`` (shared by A and B) restricts the assignment to equal labels.
 
     Returns ``perm: (C, n)``, ``R: (C, 3, 3)``, ``err: (C,)`` (sum of squared residuals).
     """
     C, n = B.shape[:2]
+    groups = label_groups(labels, n)
     R = _starts(A, B, reflections, restarts, seed, axis_perms)
     owner = np.repeat(np.arange(C), R.shape[1])
     R = R.reshape(-1, 3, 3).copy()
@@ -90,7 +115,7 @@ def _align_many(A, B, reflections, restarts, seed, max_iter, axis_perms=True):
         cost = -(A @ (B[owner[active]] @ R[active].mT).mT)
         keep, perms = [], []
         for t, c in zip(active, cost):
-            perm = linear_sum_assignment(c)[1]
+            perm = assign_within_labels(c, groups)
             key, done = perm.tobytes(), seen[owner[t]]
             if key not in done:
                 done.add(key)
@@ -119,6 +144,7 @@ def align(
     *,
     seed: int = 0,
     max_iter: int = 100,
+    labels=None,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Best-RMSD superposition of point set ``B`` onto ``A`` with unknown correspondence.
 
@@ -142,6 +168,8 @@ def align(
         restarts: random starting frames on top of the principal-axes frames.
         seed: seed of the random starting frames.
         max_iter: cap on alternations per start.
+        labels: optional integer labels, shape=[n] (e.g. atomic numbers), the same for the
+            atoms of A and B: only atoms of equal labels are matched.
 
     Returns:
         ``B_aligned``: shape=[n, 3], ``B[perm]`` centred, transformed by ``R`` and moved to
@@ -153,7 +181,8 @@ def align(
         raise ValueError(f"A and B must have the same shape, got {A.shape} and {B.shape}")
     a0 = A.mean(0)
     A, B = A - a0, B - B.mean(0)
-    (perm,), (R,), (err,) = _align_many(A, B[None], reflections, restarts, seed, max_iter)
+    (perm,), (R,), (err,) = align_batch(A, B[None], reflections, restarts, seed, max_iter,
+                                        labels=labels)  # fmt: skip
     return B[perm] @ R.T + a0, perm, float(np.sqrt(max(err, 0.0) / len(A)))
 
 
@@ -220,11 +249,11 @@ def nearest(
         cand = np.argpartition(((dt - dx[m]) ** 2).sum(1), candidates - 1)[:candidates]
         if refine < candidates:
             e = np.concatenate([
-                _align_many(A, T[cand[s : s + 512]], opts["reflections"], 0, 0, 100, False)[2]
+                align_batch(A, T[cand[s : s + 512]], opts["reflections"], 0, 0, 100, False)[2]
                 for s in range(0, len(cand), 512)
             ])  # fmt: skip
             cand = cand[np.lexsort((cand, e))[:refine]]
-        e = _align_many(A, T[cand], **opts)[2]
+        e = align_batch(A, T[cand], **opts)[2]
         order = np.lexsort((cand, e))[:k]
         idx[m], rmsd[m] = cand[order], np.sqrt(np.maximum(e[order], 0.0) / X.shape[1])
     return idx, rmsd
