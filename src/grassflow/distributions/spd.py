@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "spd_lognormal_log_prob", "spd_lognormal_precision_log_prob", "spd_lognormal_precision_sample",
-    "spd_lognormal_sample", "sym_coords",
+    "log_det_dexp", "spd_log", "spd_lognormal_log_prob", "spd_lognormal_precision_log_prob",
+    "spd_lognormal_precision_sample", "spd_lognormal_sample", "sym_coords", "sym_from_coords",
 ]  # fmt: skip
 
 
@@ -43,7 +43,7 @@ def _gaussian_log_prob(lam: Tensor, sigma_0: Tensor, sigma_t: Tensor) -> Tensor:
             + 0.25 * k * (k - 1) * math.log(2) - 0.5 * quad)  # fmt: skip
 
 
-def _log_det_dexp(lam: Tensor) -> Tensor:
+def log_det_dexp(lam: Tensor) -> Tensor:
     """``log det`` of the differential of ``exp`` on Sym(k) at E with eigenvalues ``lam``:
     ``sum_i lam_i + sum_{i<j} log((e^lam_i - e^lam_j) / (lam_i - lam_j))``."""
     k = lam.shape[-1]
@@ -70,7 +70,7 @@ def spd_lognormal_log_prob(S: Tensor, M: Tensor, sigma_0: Tensor, sigma_t: Tenso
     A = torch.linalg.solve_triangular(L, A.mT, upper=False)  # L^-1 S L^-T (symmetric)
     lam = torch.log(torch.linalg.eigvalsh((A + A.mT) / 2))
     log_det_M = 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
-    return (_gaussian_log_prob(lam, sigma_0, sigma_t) - _log_det_dexp(lam)
+    return (_gaussian_log_prob(lam, sigma_0, sigma_t) - log_det_dexp(lam)
             - 0.5 * (k + 1) * log_det_M)  # fmt: skip
 
 
@@ -112,6 +112,22 @@ class _SPDLog(torch.autograd.Function):
         return V @ (Gs * D) @ V.mT
 
 
+def spd_log(A: Tensor) -> Tensor:
+    """``log A: (..., k, k)`` of SPD ``A``, with a backward that stays finite at equal
+    eigenvalues (see :class:`_SPDLog`)."""
+    return _SPDLog.apply((A + A.mT) / 2)
+
+
+def sym_from_coords(e: Tensor, k: int) -> Tensor:
+    """Inverse of :func:`sym_coords`: ``(..., k(k+1)/2) -> (..., k, k)`` symmetric."""
+    a, b = torch.triu_indices(k, k, device=e.device)
+    vals = e / torch.where(a == b, 1.0, math.sqrt(2)).to(e)
+    E = e.new_zeros(*e.shape[:-1], k, k)
+    E[..., a, b] = vals
+    E[..., b, a] = vals
+    return E
+
+
 def sym_coords(E: Tensor) -> Tensor:
     """``(..., k, k)`` symmetric -> ``(..., k(k+1)/2)`` Frobenius-orthonormal coordinates
     ``(E_ii, sqrt(2) E_ij for i < j)``, in ``torch.triu_indices`` order."""
@@ -139,13 +155,13 @@ def spd_lognormal_precision_log_prob(S: Tensor, L: Tensor, precision: Tensor) ->
     m = k * (k + 1) // 2
     A = torch.linalg.solve_triangular(L, S, upper=False)
     A = torch.linalg.solve_triangular(L, A.mT, upper=False)
-    E = _SPDLog.apply((A + A.mT) / 2)
+    E = spd_log(A)
     chol = torch.linalg.cholesky(precision)
     z = (chol.mT @ sym_coords(E).unsqueeze(-1)).squeeze(-1)  # e^T P e = |C^T e|^2
     log_det_P = 2 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
     log_det_L = torch.log(torch.diagonal(L, dim1=-2, dim2=-1).abs()).sum(-1)
     return (-0.5 * m * math.log(2 * math.pi) + 0.5 * log_det_P - 0.5 * (z * z).sum(-1)
-            + 0.25 * k * (k - 1) * math.log(2) - _log_det_dexp(torch.linalg.eigvalsh(E))
+            + 0.25 * k * (k - 1) * math.log(2) - log_det_dexp(torch.linalg.eigvalsh(E))
             - (k + 1) * log_det_L)  # fmt: skip
 
 
@@ -158,10 +174,5 @@ def spd_lognormal_precision_sample(
     chol = torch.linalg.cholesky(precision)
     z = torch.randn(precision.shape[:-1], dtype=L.dtype, device=L.device, generator=generator)
     e = torch.linalg.solve_triangular(chol.mT, z.unsqueeze(-1), upper=True).squeeze(-1)
-    a, b = torch.triu_indices(k, k, device=L.device)
-    vals = e / torch.where(a == b, 1.0, math.sqrt(2)).to(e)
-    E = L.new_zeros(L.shape)
-    E[..., a, b] = vals
-    E[..., b, a] = vals
-    lam, V = torch.linalg.eigh(E)
+    lam, V = torch.linalg.eigh(sym_from_coords(e, k))
     return L @ ((V * lam.exp().unsqueeze(-2)) @ V.mT) @ L.mT
