@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from grassflow.experiments.shapes import GramTerm, train_gram
+from grassflow.experiments.shapes import GramTerm
 from grassflow.experiments.vs_enf import SHAPES, load_enf_splits
 from grassflow.flows import ShapeFlow
-from grassflow.training import TrainConfig, load_checkpoint
+from grassflow.training import TrainConfig, load_checkpoint, train
 from grassflow.training.rng import seeded_init
 from grassflow.training.threads import set_threads
 
@@ -37,7 +37,6 @@ SETTINGS = {  # name -> (family, components, hidden, layers)
     "pair-distance fit, 1 log-normal, 32 x 1": ("distance", 1, 32, 1),
     "pair-distance fit, 4 log-normals, 32 x 2": ("distance", 4, 32, 2),
     "pair-distance fit, 8 log-normals, 32 x 2": ("distance", 8, 32, 2),
-    "pair-distance fit, 4 log-normals, 32 x 2, + conditional CNF": ("distance-flow", 4, 32, 2),
 }
 
 
@@ -49,23 +48,23 @@ def gram_nll(system: str, n_train: int, setting: str, minutes: float, runs: Path
                           gram_layers=layers, gram=family).double()  # fmt: skip
     Y, S = model.factor(data["train"])
     model.gram.initialize(S, Y)
+    term = GramTerm(model)
     config = TrainConfig(lr=1e-3, batch_size=128, iterations=10**7, val_every=200,
                          log_every=100, checkpoint_every=1000, dtype="float64",
                          total_budget_minutes=minutes)  # fmt: skip
-    tag = {"wishart": "", "distance": "pairfit-", "distance-flow": "pairflow-"}[family]
+    tag = "" if family == "wishart" else "pairfit-"
     run_dir = runs / f"{system}-n{n_train}-{tag}{components}x{hidden}x{layers}"
-    train_gram(model, data["train"], data["val"], run_dir, config, progress=False)
-    term = GramTerm(model)
-    best = load_checkpoint(run_dir / "gram" / "best.pt")
+    result = train(term, data["train"], config, run_dir, val_data=data["val"],
+                   resume=True, progress=False)  # fmt: skip
+    best = load_checkpoint(run_dir / "best.pt")
     term.load_state_dict(best["model"])
-    last = load_checkpoint(run_dir / "gram" / "last.pt")
     with torch.no_grad():
         test = -term.log_prob(data["test"])
         train_nll = -term.log_prob(data["train"][:1000]).mean().item()
     return {
         "system": system, "setting": setting, "n_train": n_train,
         "n_train_distinct": len(data["train"]), "minutes": minutes,
-        "iterations": last["iteration"], "best_iteration": int(best["iteration"]),
+        "iterations": result.iterations, "best_iteration": int(best["iteration"]),
         "val_nll_gram": best["val_nll"], "train_nll_gram": train_nll,
         "test_nll_gram": test.mean().item(), "test_nll_gram_sem": (test.std() /
                                                                    len(test) ** 0.5).item(),

@@ -31,16 +31,15 @@ from ..data.point_clouds import load_point_clouds, write_xyz
 from ..distributions.cartesian import shape_factor
 from ..flows import POTENTIALS, ShapeFlow
 from ..metrics import histogram, jsd
-from ..nn.gram_flow import GramFlow
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
 from ..training.checkpoint import write_json
 from ..training.rng import seeded_init
 from .runs import checkpoint_path, claim_run_dir, data_identity, read_preset, training_status
 
 __all__ = [
-    "MODELS", "GramTerm", "ShapeExperiment", "build_model", "evaluate", "gram_fm_objective",
-    "load_clouds", "load_run", "load_shape_flow", "plot", "run", "sample", "split_budget",
-    "train_gram", "train_shape_flow", "write_xyz",
+    "MODELS", "GramTerm", "ShapeExperiment", "build_model", "evaluate", "load_clouds", "load_run",
+    "load_shape_flow", "plot", "run", "sample", "split_budget", "train_shape_flow",
+    "write_xyz",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -197,26 +196,16 @@ def build_model(exp: ShapeExperiment) -> ShapeFlow | EquivariantCNF:
 
 class GramTerm(nn.Module):
     """``log_prob(P)`` = the Gram density's term of :meth:`ShapeFlow.log_prob` (for training
-    it alone by maximum likelihood; it holds no flow parameters). ``gram``: another Gram
-    density on the same clouds instead of ``model.gram`` (e.g. a :class:`GramFlow`'s base)."""
+    it alone by maximum likelihood; it holds no flow parameters)."""
 
-    def __init__(self, model: ShapeFlow, gram: nn.Module | None = None):
+    def __init__(self, model: ShapeFlow):
         super().__init__()
-        self.gram = model.gram if gram is None else gram
+        self.gram = model.gram
         self.register_buffer("H", model.H.clone(), persistent=False)  # follows .to(device)
 
-    def factor(self, P: Tensor) -> tuple[Tensor, Tensor]:
-        """``(S, Y)`` of clouds ``P: (B, n, d)``: Gram matrix and canonical representative."""
-        Y, lam, _ = shape_factor(self.H.mT @ (P - P.mean(dim=-2, keepdim=True)))
-        return torch.diag_embed(lam), Y
-
     def log_prob(self, P: Tensor) -> Tensor:
-        return self.gram.log_prob(*self.factor(P))
-
-
-def gram_fm_objective(term: GramTerm, P: Tensor) -> tuple[Tensor, dict]:
-    """Flow matching of a :class:`GramFlow`'s conditional CNF (:meth:`GramFlow.fm_loss`)."""
-    return term.gram.fm_loss(*term.factor(P)).mean(), {"nfe": 0}
+        Y, lam, _ = shape_factor(self.H.mT @ (P - P.mean(dim=-2, keepdim=True)))
+        return self.gram.log_prob(torch.diag_embed(lam), Y)
 
 
 def train_shape_flow(
@@ -256,37 +245,8 @@ def train_shape_flow(
     model.gram.initialize(S_train, Y_train)
     train(model.flow, Y_train, flow, run_dir / "flow", val_data=Y_val,
           objective=OBJECTIVES[objective], resume=True, progress=progress)  # fmt: skip
-    train_gram(model, train_clouds, val_clouds, run_dir, gram, progress=progress)
-
-
-def train_gram(
-    model: ShapeFlow,
-    train_clouds: Tensor,
-    val_clouds: Tensor,
-    run_dir: str | Path,
-    config: TrainConfig,
-    *,
-    progress: bool = True,
-) -> None:
-    """Train (or continue) ``model.gram`` in ``run_dir/gram``: by maximum likelihood, or for
-    a :class:`GramFlow`, its base by maximum likelihood in ``run_dir/gram_base`` and then its
-    CNF by flow matching from the base's best checkpoint, each with half of ``config``'s
-    budget. Arguments as :func:`train_shape_flow`."""
-    run_dir = Path(run_dir)
-    if not isinstance(model.gram, GramFlow):
-        train(GramTerm(model), train_clouds, config, run_dir / "gram", val_data=val_clouds,
-              objective=OBJECTIVES["mle"], resume=True, progress=progress)  # fmt: skip
-        return
-    half = config.replace(**{k: getattr(config, k) / 2
-                             for k in ("budget_minutes", "total_budget_minutes")
-                             if getattr(config, k) is not None})  # fmt: skip
-    base = GramTerm(model, model.gram.base)
-    train(base, train_clouds, half, run_dir / "gram_base", val_data=val_clouds,
+    train(GramTerm(model), train_clouds, gram, run_dir / "gram", val_data=val_clouds,
           objective=OBJECTIVES["mle"], resume=True, progress=progress)  # fmt: skip
-    best = load_checkpoint(checkpoint_path(run_dir / "gram_base", "best"), required=("model",))
-    base.load_state_dict(best["model"])
-    train(GramTerm(model), train_clouds, half, run_dir / "gram", val_data=val_clouds,
-          objective=gram_fm_objective, resume=True, progress=progress)  # fmt: skip
 
 
 def load_shape_flow(model: ShapeFlow, run_dir: str | Path, which: str = "best") -> ShapeFlow:

@@ -25,29 +25,13 @@ from ..distributions.cartesian import log_jacobian_gram, random_orthogonal, shap
 from ..manifolds import Grassmann
 from ..nn import PRESETS, GrassmannField, Potential
 from ..nn.gram import DistanceGram, WishartGram
-from ..nn.gram_flow import GramFlow
 from ..nn.graph import GraphPotential
 from .grcnf import GrCNF
 
 __all__ = ["GRAMS", "POTENTIALS", "ShapeFlow"]
 
 POTENTIALS = ("graph", "mlp")
-
-
-def _refined(family):
-    """A :class:`GramFlow` around a ``family`` base, with the same constructor arguments."""
-
-    def build(n_points, dim, hidden, layers, labels, components=1):
-        base = family(n_points, dim, hidden, layers, labels, components=components)
-        return GramFlow(base, hidden, layers, labels)
-
-    return build
-
-
-GRAMS = {  # densities of S given the span
-    "wishart": WishartGram, "distance": DistanceGram,
-    "wishart-flow": _refined(WishartGram), "distance-flow": _refined(DistanceGram),
-}  # fmt: skip
+GRAMS = {"wishart": WishartGram, "distance": DistanceGram}  # densities of S given the span
 
 
 class ShapeFlow(nn.Module):
@@ -66,9 +50,7 @@ class ShapeFlow(nn.Module):
         sigma, T, train_T, divergence, method, atol, rtol: see :class:`GrCNF`.
         gram: the density of S given the span, ``"wishart"`` (:class:`WishartGram`, default)
             or ``"distance"`` (:class:`DistanceGram`: a log-normal around a least-squares fit
-            of learned pair distances, with per-pair precisions; much sharper on LJ13); with
-            ``"-flow"`` (``"wishart-flow"``, ``"distance-flow"``), that density sharpened by
-            a conditional CNF on log S (:class:`~grassflow.nn.gram_flow.GramFlow`).
+            of learned pair distances, with per-pair precisions; much sharper on LJ13).
         gram_hidden, gram_layers, gram_components: of the Gram density (components: a
             mixture of that many).
         chunk_size: clouds per ODE solve in :meth:`log_prob` and :meth:`sample`; bounds the
