@@ -257,6 +257,33 @@ def test_float32_evaluation_agrees_with_float64():
     assert (a - b).mean().abs() < 1e-3 and (a - b).abs().max() < 1e-2
 
 
+def test_a_non_finite_float32_solve_is_redone_in_float64(monkeypatch):
+    # bug caught: a NaN from one float32 solve (seen on QM9 after 20 CPU minutes) crashing
+    # validation or entering a reported NLL, or the model left in float64 afterwards
+    m32 = _model(5, 3, chunk_size=4).float()
+    m32.atol = m32.rtol = 1e-4
+    P = _clouds(8, 5, 3).float()
+    with torch.no_grad():
+        want = m32.log_prob(P)
+    real, calls = EquivariantCNF._solve, []
+
+    def flaky(self, z, *args, **kw):  # the second chunk's float32 solve fails
+        calls.append(z.dtype)
+        z0, a = real(self, z, *args, **kw)
+        return (z0, a * float("nan")) if len(calls) == 2 else (z0, a)
+
+    monkeypatch.setattr(EquivariantCNF, "_solve", flaky)
+    with torch.no_grad(), pytest.warns(UserWarning, match="float64"):
+        got = m32.log_prob(P)
+    assert calls == [torch.float32, torch.float32, torch.float64]
+    assert got.dtype == torch.float32 and next(m32.parameters()).dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
+    monkeypatch.setattr(EquivariantCNF, "_solve",
+                        lambda self, z, *a, **k: (z, torch.full(z.shape[:1], float("nan"))))
+    with torch.no_grad(), pytest.raises(FloatingPointError, match="not finite"):
+        m32.log_prob(P)
+
+
 # ------------------------------------------------------------------ point labels (atom types)
 
 LABELS = torch.tensor([6, 6, 1, 1, 1, 8])  # two C, three H, one O
