@@ -24,8 +24,9 @@ from grassflow.experiments.runs import training_status
 from grassflow.training import load_checkpoint
 from grassflow.training.threads import set_threads
 
-SETTINGS = {"graph 32 x 2 (ShapeFlow's)": (32, 2), "graph 64 x 3": (64, 3),
-            "graph 128 x 4": (128, 4)}  # fmt: skip
+SETTINGS = {"graph 32 x 2 (ShapeFlow's)": ("graph", 32, 2), "graph 64 x 3": ("graph", 64, 3),
+            "graph 128 x 4": ("graph", 128, 4),
+            "EGNN 32 x 3, horizontal (not a gradient)": ("egnn", 32, 3)}  # fmt: skip
 
 
 def main() -> None:
@@ -41,18 +42,21 @@ def main() -> None:
     path = Path(args.out) / "grassmann_capacity.json"
     rows = json.loads(path.read_text()) if path.exists() else []
     for name in args.settings:
-        hidden, layers = SETTINGS[name]
+        potential, hidden, layers = SETTINGS[name]
         exp = vs_enf.ENFExperiment(system=args.system, minutes=args.minutes, hidden=hidden,
+                                   potential=potential,
                                    layers=layers, gram_components=4, gram_fraction=0.15,
                                    gram_max_minutes=2.0)  # fmt: skip
-        run_dir = Path(args.runs) / f"{args.system}-{hidden}x{layers}-{args.minutes:g}min"
+        tag = "" if potential == "graph" else f"{potential}-"
+        run_dir = Path(args.runs) / f"{args.system}-{tag}{hidden}x{layers}-{args.minutes:g}min"
         vs_enf.run(exp, run_dir, progress=False, data=data)
         best = load_checkpoint(run_dir / "flow" / "best.pt")
         status = training_status(run_dir / "flow")
         curve = [json.loads(line) for line in (run_dir / "flow" / "metrics.jsonl").open()]
         curve = [(r["iteration"], r["val_nll"]) for r in curve if "val_nll" in r]
         row = {"system": args.system, "setting": name, "hidden": hidden, "layers": layers,
-               "minutes": args.minutes, "flow_cpu_minutes": status["cpu_minutes"],
+               "potential": potential, "minutes": args.minutes,
+               "flow_cpu_minutes": status["cpu_minutes"],
                "iterations": status["iterations"], "best_iteration": int(best["iteration"]),
                "val_nll_grassmann": best["val_nll"], "curve": curve}  # fmt: skip
         rows = [r for r in rows if (r["system"], r["setting"], r["minutes"]) !=

@@ -5,7 +5,7 @@ coordinates and training loop as ours, so that a comparison measures the models.
 Krämer & Noé 2023), the model people use today for point-cloud densities.
 """
 
-from .egnn import EGNNField
+from ..nn.egnn import EGNNField
 from .equivariant_cnf import EquivariantCNF
 from .fit import fit_equivariant_cnf, load_equivariant_cnf
 from .matching import CFM_COUPLINGS, align, cfm_losses, cfm_objective, orthogonal_cost, procrustes

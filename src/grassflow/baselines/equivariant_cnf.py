@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torchdiffeq import odeint
 
 from ..data.shapes import helmert_basis
-from .egnn import EGNNField
+from ..nn.egnn import EGNNField
 
 __all__ = ["EquivariantCNF"]
 

@@ -23,14 +23,14 @@ from torch import Tensor, nn
 from ..data.shapes import helmert_basis
 from ..distributions.cartesian import log_jacobian_gram, random_orthogonal, shape_factor
 from ..manifolds import Grassmann
-from ..nn import PRESETS, GrassmannField, Potential
+from ..nn import PRESETS, EGNNField, GrassmannField, PointCloudField, Potential
 from ..nn.gram import DistanceGram, WishartGram
 from ..nn.graph import GraphPotential
 from .grcnf import GrCNF
 
 __all__ = ["GRAMS", "POTENTIALS", "ShapeFlow"]
 
-POTENTIALS = ("graph", "mlp")
+POTENTIALS = ("graph", "mlp", "egnn")
 GRAMS = {"wishart": WishartGram, "distance": DistanceGram}  # densities of S given the span
 
 
@@ -40,10 +40,12 @@ class ShapeFlow(nn.Module):
     Args:
         n_points: n, points per cloud (``n >= dim + 2``).
         dim: d, their dimension.
-        potential: ``"graph"`` (permutation-invariant message passing, default) or ``"mlp"``
-            (the paper's HorP + ConcatSquash MLP).
-        hidden: graph width (default 32) or MLP widths (default 32-32-32).
-        layers: graph message-passing layers.
+        potential: the Grassmann part's field: the gradient of ``"graph"`` (a
+            permutation-invariant message-passing potential, default) or ``"mlp"`` (the
+            paper's HorP + ConcatSquash MLP), or ``"egnn"``: not a gradient, the velocity of an
+            EGNN on the span's whitened points made horizontal (:class:`PointCloudField`).
+        hidden: graph or EGNN width (default 32) or MLP widths (default 32-32-32).
+        layers: graph or EGNN message-passing layers.
         labels: optional ``(n,)`` integer point labels shared by all clouds (atom types of one
             molecule), seen by the graph potential and the Gram density.
         prior: GrCNF base, ``"uniform"`` (default; permutation invariant) or ``"gaussian"``.
@@ -91,13 +93,18 @@ class ShapeFlow(nn.Module):
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         self.n_points, self.dim, self.chunk_size = n_points, dim, chunk_size
         D, k = n_points - 1, dim
+        width = 32 if hidden is None or potential == "mlp" else int(hidden)
         if potential == "graph":
-            pot = GraphPotential(n_points, dim, 32 if hidden is None else int(hidden), layers,
-                                 labels)  # fmt: skip
+            field = GrassmannField(GraphPotential(n_points, dim, width, layers, labels))
+        elif potential == "egnn":
+            field = PointCloudField(EGNNField(n_points, dim, width, layers, labels=labels),
+                                    n_points)  # fmt: skip
         else:
-            pot = Potential(D, k, PRESETS["lj13"] if hidden is None else tuple(hidden))
+            field = GrassmannField(
+                Potential(D, k, PRESETS["lj13"] if hidden is None else tuple(hidden))
+            )
         self.flow = GrCNF(
-            Grassmann(k, D), GrassmannField(pot), prior=prior, prior_mean=torch.eye(D, k),
+            Grassmann(k, D), field, prior=prior, prior_mean=torch.eye(D, k),
             row_cov=sigma**2 * torch.eye(D), col_cov=sigma**2 * torch.eye(k), T=T,
             train_T=train_T, divergence=divergence, method=method, atol=atol, rtol=rtol,
         )  # fmt: skip

@@ -1,6 +1,8 @@
 """An E(n)-equivariant graph network (EGNN) velocity field for point clouds.
 
-The field of the equivariant flow-matching baseline (:class:`.EquivariantCNF`): the EGNN of
+The field of the equivariant flow-matching baseline
+(:class:`~grassflow.baselines.EquivariantCNF`), and through :class:`.PointCloudField` a
+horizontal field on Grassmann manifolds of clouds' spans: the EGNN of
 Satorras et al. (2021) in the "dynamics" form that E-NF and EFM use. Node features start from
 the time (and optional per-point labels, e.g. atom types, one-hot); each layer forms messages
 from both end points' features and the squared distance, gates them (attention), moves every
