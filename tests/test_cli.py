@@ -288,3 +288,11 @@ def test_threads_option(monkeypatch, capsys):
     monkeypatch.setenv(THREADS_ENV, "0")
     with pytest.raises(ValueError, match=THREADS_ENV):
         resolve_threads("auto")
+
+
+def test_cli_offers_every_shape_flow_field():
+    # catches: a ShapeFlow field option (potential) that the CLI's choices do not offer
+    from grassflow import cli
+    from grassflow.flows.shape import POTENTIALS
+
+    assert cli._POTENTIALS == POTENTIALS

@@ -346,6 +346,7 @@ def cmd_reproduce_table2(args) -> None:
     print(qm9_report.markdown_table(result))
 
 
+_POTENTIALS = ("graph", "mlp", "egnn")  # flows.shape.POTENTIALS, without importing torch
 _EFM_OPTIONS = ("hidden", "layers", "lr", "batch_size", "coupling", "dtype")
 
 
@@ -466,8 +467,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="shapeflow", choices=("shapeflow", "equivariant-cnf"),
                    help="ours (default), or the equivariant flow-matching CNF baseline (EFM: "
                         "an EGNN, one flow on the whole budget)")  # fmt: skip
-    g.add_argument("--potential", default="graph", choices=("graph", "mlp"),
-                   help="permutation-invariant message passing (default) or the paper's MLP")
+    g.add_argument("--potential", default="graph", choices=_POTENTIALS,
+                   help="the Grassmann field: the gradient of a permutation-invariant graph "
+                        "potential (default) or of the paper's MLP, or an EGNN's velocity on "
+                        "the span's whitened points (egnn)")  # fmt: skip
     g.add_argument("--gram-iterations", type=int, help="Gram density steps (after the flow)")
     g = p.add_argument_group("DW4 / LJ13 data")
     _add_particle_data_options(g)
@@ -585,7 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="shapeflow", choices=("shapeflow", "equivariant-cnf"),
                    help="ours, or the equivariant flow-matching baseline (EFM; "
                         "grassflow.baselines.EquivariantCNF)")  # fmt: skip
-    p.add_argument("--potential", default="graph", choices=("graph", "mlp"))
+    p.add_argument("--potential", default="graph", choices=_POTENTIALS)
     p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
     p.add_argument("--tol", type=float, default=1e-4,
                    help="ODE atol = rtol of validation and of the test NLL (E-NF's: 1e-4)")

@@ -84,8 +84,10 @@ class ShapeExperiment:
         model: ``"shapeflow"`` (ours) or ``"equivariant-cnf"`` (the EFM baseline, trained by
             flow matching with ``coupling``; ``hidden`` and ``layers`` are its EGNN's,
             default 32 and 3, and ``flow`` its training).
-        potential: ``"graph"`` (permutation invariant) or ``"mlp"`` (the paper's).
-        hidden, layers: the potential's widths (see :class:`ShapeFlow`; layers default 2).
+        potential: ShapeFlow's Grassmann field: ``"graph"`` (permutation invariant),
+            ``"mlp"`` (the paper's) or ``"egnn"`` (see :class:`ShapeFlow`).
+        hidden, layers: the field's widths (see :class:`ShapeFlow`; layers default 2, and 3
+            for an EGNN).
         prior: the GrCNF base, ``"uniform"`` or ``"gaussian"``.
         objective: the GrCNF's, ``"fm"``, ``"fm-ot"`` or ``"mle"``.
         atol, rtol: ODE tolerances (of training with MLE and of every evaluation).
@@ -129,7 +131,7 @@ class ShapeExperiment:
         if self.coupling not in CFM_COUPLINGS:
             raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {self.coupling!r}")
         if self.layers is None:  # resolved, so that the saved preset says what was trained
-            self.layers = 3 if self.model == "equivariant-cnf" else 2
+            self.layers = 3 if self.model == "equivariant-cnf" or self.potential == "egnn" else 2
         if self.potential not in POTENTIALS:
             raise ValueError(f"potential must be one of {POTENTIALS}, got {self.potential!r}")
         if self.objective not in OBJECTIVES:

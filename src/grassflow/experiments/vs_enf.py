@@ -190,7 +190,7 @@ class ENFExperiment:
     minutes: float = 7.0
     tol: float = 1e-4
     hidden: int | tuple[int, ...] | None = None
-    layers: int = 2
+    layers: int | None = None
     gram_hidden: int = 32
     gram_layers: int = 1
     gram_components: int = 1
@@ -215,6 +215,8 @@ class ENFExperiment:
         if not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
             raise ValueError(f"minutes must be > 0, got {self.minutes!r}")
         self.hidden = tuple(self.hidden) if isinstance(self.hidden, list) else self.hidden
+        if self.layers is None:  # resolved, so that the saved experiment says what was trained
+            self.layers = 3 if self.potential == "egnn" else 2
 
     @property
     def model(self) -> str:

@@ -45,7 +45,7 @@ class ShapeFlow(nn.Module):
             paper's HorP + ConcatSquash MLP), or ``"egnn"``: not a gradient, the velocity of an
             EGNN on the span's whitened points made horizontal (:class:`PointCloudField`).
         hidden: graph or EGNN width (default 32) or MLP widths (default 32-32-32).
-        layers: graph or EGNN message-passing layers.
+        layers: graph or EGNN message-passing layers (default 2 and 3).
         labels: optional ``(n,)`` integer point labels shared by all clouds (atom types of one
             molecule), seen by the graph potential and the Gram density.
         prior: GrCNF base, ``"uniform"`` (default; permutation invariant) or ``"gaussian"``.
@@ -65,7 +65,7 @@ class ShapeFlow(nn.Module):
         dim: int,
         potential: str = "graph",
         hidden: int | tuple[int, ...] | None = None,
-        layers: int = 2,
+        layers: int | None = None,
         labels: Tensor | None = None,
         prior: str = "uniform",
         sigma: float = 0.3,
@@ -94,6 +94,7 @@ class ShapeFlow(nn.Module):
         self.n_points, self.dim, self.chunk_size = n_points, dim, chunk_size
         D, k = n_points - 1, dim
         width = 32 if hidden is None or potential == "mlp" else int(hidden)
+        layers = (3 if potential == "egnn" else 2) if layers is None else layers
         if potential == "graph":
             field = GrassmannField(GraphPotential(n_points, dim, width, layers, labels))
         elif potential == "egnn":
