@@ -364,7 +364,9 @@ def cmd_reproduce_vs_enf(args) -> None:
                                     tol=args.tol, data_dir=args.data_dir,
                                     gram_components=args.gram_components, gram=args.gram,
                                     gram_fraction=args.gram_fraction,
-                                    gram_max_minutes=args.gram_max_minutes)  # fmt: skip
+                                    gram_max_minutes=args.gram_max_minutes,
+                                    n_val_flow=args.n_val_flow,
+                                    val_every_minutes=args.val_every_minutes)  # fmt: skip
     vs_enf.sweep(
         tuple(args.systems), tuple(args.n_train), tuple(args.seeds), args.minutes, args.runs,
         args.out, base=base, progress=not args.no_progress,
@@ -607,6 +609,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gram-fraction", type=float, default=0.1,
                    help="share of --minutes for the Gram density (capped by the next)")
     p.add_argument("--gram-max-minutes", type=float, default=1.0)
+    p.add_argument("--n-val-flow", type=int, default=200,
+                   help="validation configurations of the flow's exact NLL (selects the best "
+                        "checkpoint; not counted in the budget)")  # fmt: skip
+    p.add_argument("--val-every-minutes", type=float, default=1.0,
+                   help="training CPU minutes between validations")
     p.add_argument("--data-dir", help="the Klein et al. files (default: "
                                       "../shared/data/alt_klein2023_from_DEM)")  # fmt: skip
     p.add_argument("--runs", default="runs/vs_enf")
