@@ -353,3 +353,18 @@ def test_test_subset_is_a_seeded_unordered_draw_in_file_order():
     assert torch.all(idx[1:] > idx[:-1]) and idx.max() >= 100
     assert not torch.equal(idx, torch.arange(50))
     assert test_subset(test, None) is test and test_subset(test, 500) is test
+
+
+def test_command_line_rebuilds_the_experiment():
+    # catches: a "Made by" line in results/vs_enf that leaves out an option the run used
+    # (the field, the Gram density, the validation that picks the best checkpoint)
+    from grassflow.cli import _POTENTIALS, build_parser
+
+    exp = vs_enf.ENFExperiment(system="lj13", potential="egnn", gram="distance",
+                               gram_fraction=0.3, gram_max_minutes=3.0, n_val_flow=50,
+                               val_every_minutes=3.0)  # fmt: skip
+    args = build_parser().parse_args(exp.command().split()[1:])
+    assert args.potential == "egnn" in _POTENTIALS and args.gram == "distance"
+    assert (args.gram_fraction, args.gram_max_minutes) == (0.3, 3.0)
+    assert (args.n_val_flow, args.val_every_minutes) == (50, 3.0)
+    assert exp.layers == 3 and vs_enf.ENFExperiment().layers == 2  # resolved per field

@@ -236,7 +236,8 @@ class ENFExperiment:
                f"--seeds {self.seed} --minutes {self.minutes:g} --potential {self.potential} "
                f"--objective {self.objective} --tol {self.tol:g}")  # fmt: skip
         default = ENFExperiment()
-        for name in ("gram_components", "gram_fraction", "gram_max_minutes"):
+        for name in ("gram_components", "gram_fraction", "gram_max_minutes", "n_val_flow",
+                     "val_every_minutes"):  # fmt: skip
             if getattr(self, name) != getattr(default, name):
                 cmd += f" --{name.replace('_', '-')} {getattr(self, name):g}"
         return cmd + ("" if self.gram == default.gram else f" --gram {self.gram}")
