@@ -11,8 +11,8 @@ orthonormal columns, so Lebesgue measure on P' is that of the centred subspace).
 
 (:func:`~grassflow.distributions.cartesian.cartesian_log_prob_gram`): a GrCNF on
 Gr(d, n - 1) for the subspace and a :class:`~grassflow.nn.gram.WishartGram` for S given Y.
-With the graph potential and the uniform prior both parts are invariant to relabelling the
-points; the MLP potential (the paper's) and the Gaussian prior are not.
+With the graph potential or the EGNN field and the uniform prior both parts are invariant
+to relabelling the points; the MLP potential (the paper's) and the Gaussian prior are not.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class ShapeFlow(nn.Module):
         hidden: graph or EGNN width (default 32) or MLP widths (default 32-32-32).
         layers: graph or EGNN message-passing layers (default 2 and 3).
         labels: optional ``(n,)`` integer point labels shared by all clouds (atom types of one
-            molecule), seen by the graph potential and the Gram density.
+            molecule), seen by the graph potential or the EGNN and by the Gram density.
         prior: GrCNF base, ``"uniform"`` (default; permutation invariant) or ``"gaussian"``.
         sigma, T, train_T, divergence, method, atol, rtol: see :class:`GrCNF`.
         gram: the density of S given the span, ``"wishart"`` (:class:`WishartGram`, default)
