@@ -115,7 +115,7 @@ class EFMExperiment:
             lr=self.lr, batch_size=min(self.batch_size, self.n_train), iterations=self.iterations,
             val_every=None, val_doubling_from=self.val_doubling_from,
             val_every_minutes=self.val_every_minutes,
-            log_every=200, checkpoint_every=2000, seed=self.seed, dtype=self.dtype,
+            log_every=200, checkpoint_every=200, seed=self.seed, dtype=self.dtype,
             total_budget_minutes=self.minutes,
         )  # fmt: skip
 

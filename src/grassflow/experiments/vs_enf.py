@@ -251,14 +251,14 @@ class ENFExperiment:
         return TrainConfig(
             lr=self.lr, weight_decay=1e-12, batch_size=min(self.batch_size, self.n_train),
             iterations=self.flow_iterations, val_every=None, val_doubling_from=100,
-            val_every_minutes=self.val_every_minutes, log_every=200, checkpoint_every=2000,
+            val_every_minutes=self.val_every_minutes, log_every=200, checkpoint_every=200,
             seed=self.seed, dtype="float64", total_budget_minutes=self.budgets()[0],
         )  # fmt: skip
 
     def gram_config(self) -> TrainConfig:
         return TrainConfig(
             lr=1e-3, batch_size=min(128, self.n_train), iterations=self.gram_iterations,
-            val_every=200, log_every=50, checkpoint_every=1000, seed=self.seed,
+            val_every=200, log_every=50, checkpoint_every=200, seed=self.seed,
             dtype="float64", total_budget_minutes=self.budgets()[1],
         )  # fmt: skip
 
