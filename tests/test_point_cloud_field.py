@@ -85,6 +85,8 @@ def test_labels_restrict_the_relabelling_symmetry():
 
 
 def test_bad_arguments_raise():
+    # catches: a field that silently maps spans of another n (the Helmert basis would not
+    # match Y's rows) or accepts a scale that divides by zero
     with pytest.raises(ValueError, match="n_points"):
         PointCloudField(EGNNField(2, 1), 2)
     with pytest.raises(ValueError, match="scale"):

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
 from ..data.point_clouds import load_point_clouds, write_xyz
 from ..distributions.cartesian import shape_factor
-from ..flows import POTENTIALS, ShapeFlow
+from ..flows import DEFAULT_LAYERS, POTENTIALS, ShapeFlow
 from ..metrics import histogram, jsd
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
 from ..training.checkpoint import write_json
@@ -130,10 +130,10 @@ class ShapeExperiment:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.coupling not in CFM_COUPLINGS:
             raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {self.coupling!r}")
-        if self.layers is None:  # resolved, so that the saved preset says what was trained
-            self.layers = 3 if self.model == "equivariant-cnf" or self.potential == "egnn" else 2
         if self.potential not in POTENTIALS:
             raise ValueError(f"potential must be one of {POTENTIALS}, got {self.potential!r}")
+        if self.layers is None:  # resolved, so that the saved preset says what was trained
+            self.layers = 3 if self.model == "equivariant-cnf" else DEFAULT_LAYERS[self.potential]
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {tuple(OBJECTIVES)}, got "
                              f"{self.objective!r}")  # fmt: skip

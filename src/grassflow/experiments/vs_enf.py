@@ -36,7 +36,7 @@ from torch import Tensor
 from ..data.overlap import distinct_rows, novel_mask
 from ..data.particle_files import missing_files, shared_data_dir
 from ..data.shapes import helmert_basis
-from ..flows import POTENTIALS, ShapeFlow
+from ..flows import DEFAULT_LAYERS, POTENTIALS, ShapeFlow
 from ..flows.shape import GRAMS
 from ..metrics import mean_sem
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint
@@ -216,7 +216,7 @@ class ENFExperiment:
             raise ValueError(f"minutes must be > 0, got {self.minutes!r}")
         self.hidden = tuple(self.hidden) if isinstance(self.hidden, list) else self.hidden
         if self.layers is None:  # resolved, so that the saved experiment says what was trained
-            self.layers = 3 if self.potential == "egnn" else 2
+            self.layers = DEFAULT_LAYERS[self.potential]
 
     @property
     def model(self) -> str:

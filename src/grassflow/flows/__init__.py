@@ -1,6 +1,6 @@
 """Flows on Gr(k, D), and the shape flow on point clouds built from one."""
 
 from .grcnf import GrCNF
-from .shape import POTENTIALS, ShapeFlow
+from .shape import DEFAULT_LAYERS, POTENTIALS, ShapeFlow
 
-__all__ = ["POTENTIALS", "GrCNF", "ShapeFlow"]
+__all__ = ["DEFAULT_LAYERS", "POTENTIALS", "GrCNF", "ShapeFlow"]

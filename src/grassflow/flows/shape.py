@@ -28,9 +28,10 @@ from ..nn.gram import DistanceGram, WishartGram
 from ..nn.graph import GraphPotential
 from .grcnf import GrCNF
 
-__all__ = ["GRAMS", "POTENTIALS", "ShapeFlow"]
+__all__ = ["DEFAULT_LAYERS", "GRAMS", "POTENTIALS", "ShapeFlow"]
 
 POTENTIALS = ("graph", "mlp", "egnn")
+DEFAULT_LAYERS = {"graph": 2, "mlp": 2, "egnn": 3}  # message-passing layers (the MLP has none)
 GRAMS = {"wishart": WishartGram, "distance": DistanceGram}  # densities of S given the span
 
 
@@ -94,7 +95,7 @@ class ShapeFlow(nn.Module):
         self.n_points, self.dim, self.chunk_size = n_points, dim, chunk_size
         D, k = n_points - 1, dim
         width = 32 if hidden is None or potential == "mlp" else int(hidden)
-        layers = (3 if potential == "egnn" else 2) if layers is None else layers
+        layers = DEFAULT_LAYERS[potential] if layers is None else layers
         if potential == "graph":
             field = GrassmannField(GraphPotential(n_points, dim, width, layers, labels))
         elif potential == "egnn":
