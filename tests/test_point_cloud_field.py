@@ -99,7 +99,8 @@ def test_bad_arguments_raise():
 def test_grcnf_with_the_field_is_normalized_by_quadrature():
     # catches: a divergence that is wrong for a field that is not a gradient (the generic
     # exact trace over the horizontal space), to 1%: V_Gr E_{U uniform}[p(U)] = 1 on Gr(2, 4).
-    # The field RMS 0.3 keeps p smooth enough for the rule (0.4 gives 1.004, 1.0 gives 1.68).
+    # The field RMS 0.3 keeps p smooth enough for the rule (with a float32-built field, 0.4 gave
+    # 1.004 and 1.0 gave 1.68).
     k, D = 2, 4
     flow = GrCNF(Grassmann(k, D), make_field(D + 1, k, rms=0.3), prior="uniform",
                  **TIGHT).double().eval()  # fmt: skip
