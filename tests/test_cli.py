@@ -264,6 +264,17 @@ def test_reproduce_table2_options_reach_the_preset(tmp_path, monkeypatch, capsys
     assert seen["summary"] is None
     with pytest.raises(SystemExit):
         main(["reproduce", "table2", "--potential", "transformer"])
+    # catches: the EGNN field's options dropped, and a row's command that rebuilds another run
+    from grassflow.experiments.vs_enf import table2_command
+
+    args = ["reproduce", "table2", "--potential", "egnn", "--gram", "distance",
+            "--gram-components", "2", "--n-val", "50", "--val-every-minutes", "3", "--n-test",
+            "300", "--budget", "17", "--scale-budget", "3", "--tol", "1e-4"]  # fmt: skip
+    assert main(args) == 0
+    exp = seen["exp"]
+    assert (exp.gram, exp.gram_components, exp.layers, exp.n_val, exp.val_every_minutes,
+            exp.n_test, exp.atol, exp.rtol) == ("distance", 2, 3, 50, 3.0, 300, 1e-4, 1e-4)
+    assert main(table2_command(exp).split()[1:]) == 0 and seen["exp"] == exp
 
 
 def test_threads_option(monkeypatch, capsys):

@@ -35,7 +35,9 @@ def test_npy_train_eval_sample_plot(tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path / "shapes.npy"), "--run-dir", str(run),
                  *FAST]) == 0  # fmt: skip
     exp = json.loads((run / "experiment.json").read_text())
-    assert (exp["n_points"], exp["dim"], exp["potential"]) == (5, 2, "graph")
+    # the default model is the one of the README's DW4 / LJ13 rows (issue 22)
+    assert (exp["n_points"], exp["dim"], exp["potential"], exp["layers"]) == (5, 2, "egnn", 3)
+    assert (exp["gram_density"], exp["gram_components"]) == ("distance", 1)
     assert exp["prior"] == "uniform"  # the permutation-invariant base, not DW4's default
     assert main(["eval", str(run), "--n-samples", "50"]) == 0
     r = json.loads((run / "eval.json").read_text())

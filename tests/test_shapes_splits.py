@@ -150,3 +150,24 @@ def test_evaluate_numbers_recomputed_independently(data_file, tmp_path, monkeypa
     assert a.max() > hi  # some sample distances fall past the range: counted in the last bin
     assert r["distance_jsd"] == pytest.approx(jensenshannon(p, q) ** 2, rel=1e-6)
     assert 0 < r["distance_jsd"] < np.log(2)
+
+
+def test_presets_saved_before_the_gram_option_mean_wisharts(tmp_path):
+    # catches: a run trained before `gram_density` existed (with a Wishart Gram density)
+    # rebuilt with today's default, the pair-distance one, whose checkpoint would then be
+    # another model's; and a resume with today's defaults that silently adopts the old run
+    from grassflow.experiments.runs import RunMismatch, claim_run_dir
+
+    old = shapes.ShapeExperiment(data="c.npy", potential="graph", n_points=4, dim=2).to_dict()
+    del old["gram_density"], old["gram_components"]
+    assert shapes.ShapeExperiment.from_dict(old).gram_density == "wishart"
+    assert isinstance(shapes.build_model(shapes.ShapeExperiment.from_dict(old)).gram,
+                      type(ShapeFlow(4, 2, gram="wishart").gram))  # fmt: skip
+    run = tmp_path / "run"
+    claim_run_dir(run, old, {})
+    same = shapes.ShapeExperiment(data="c.npy", potential="graph", gram_density="wishart",
+                                  n_points=4, dim=2)  # fmt: skip
+    claim_run_dir(run, same.to_dict(), {})  # the old run, continued
+    new = shapes.ShapeExperiment(data="c.npy", potential="graph", n_points=4, dim=2)
+    with pytest.raises(RunMismatch, match="gram_density"):
+        claim_run_dir(run, new.to_dict(), {})

@@ -37,7 +37,7 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
         "--budget-minutes", type=float,
         help="training budget of this invocation, in CPU minutes of this process (--clock "
              "wall: wall-clock minutes); validation and evaluation are not charged to it. With "
-             "--data it covers both parts: the Gram density gets 10%% of it, at most 1 min",
+             "--data it covers both parts: the Gram density gets 30%% of it, at most 3 min",
     )
     g.add_argument("--clock", choices=("cpu", "wall"),
                    help="what budgets count: CPU time (default; the same on a busy machine) or "
@@ -154,7 +154,8 @@ def _shape_experiment(args):
             "batch_size": args.batch_size, "lr": args.lr, "grad_clip": args.grad_clip,
             "seed": args.seed, "device": args.device}  # fmt: skip
     exp = shapes.ShapeExperiment(data=args.data, key=args.key, model=args.model,
-                                 potential=args.potential,
+                                 potential=args.potential, gram_density=args.gram,
+                                 gram_components=args.gram_components,
                                  prior=args.prior or "uniform",
                                  objective=args.objective or "fm")  # fmt: skip
     changes = {k: getattr(args, k) for k in ("atol", "rtol") if getattr(args, k) is not None}
@@ -340,6 +341,9 @@ def cmd_reproduce_table2(args) -> None:
     exp = qm9.QM9Experiment(
         objective=args.objective, prior=args.prior, potential=args.potential,
         flow_minutes=args.budget, scale_minutes=args.scale_budget, cache_dir=args.cache_dir,
+        gram=args.gram, gram_components=args.gram_components, layers=args.layers,
+        n_val=args.n_val, val_every_minutes=args.val_every_minutes, n_test=args.n_test,
+        atol=args.tol, rtol=args.tol,
     )  # fmt: skip
     result = qm9_report.reproduce(args.out, args.runs, exp, progress=not args.no_progress,
                                   force=args.force, summary_dir=args.summary or None)  # fmt: skip
@@ -469,10 +473,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="shapeflow", choices=("shapeflow", "equivariant-cnf"),
                    help="ours (default), or the equivariant flow-matching CNF baseline (EFM: "
                         "an EGNN, one flow on the whole budget)")  # fmt: skip
-    g.add_argument("--potential", default="graph", choices=_POTENTIALS,
-                   help="the Grassmann field: the gradient of a permutation-invariant graph "
-                        "potential (default) or of the paper's MLP, or an EGNN's velocity on "
-                        "the span's whitened points (egnn)")  # fmt: skip
+    g.add_argument("--potential", default="egnn", choices=_POTENTIALS,
+                   help="the Grassmann field: an EGNN's velocity on the span's whitened points "
+                        "(default), or the gradient of a permutation-invariant graph potential "
+                        "or of the paper's MLP")  # fmt: skip
+    g.add_argument("--gram", default="distance", choices=("distance", "wishart"),
+                   help="the density of the cloud's scale and shape given its span: log-normal "
+                        "pair distances (default) or a Wishart mixture")  # fmt: skip
+    g.add_argument("--gram-components", type=int, default=1, help="mixture components of it")
     g.add_argument("--gram-iterations", type=int, help="Gram density steps (after the flow)")
     g = p.add_argument_group("DW4 / LJ13 data")
     _add_particle_data_options(g)
@@ -558,9 +566,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = rep.add_parser("table2", help="paper §5.3: QM9 positional, exact NLL and JSD")
     p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
     p.add_argument("--prior", default="uniform", choices=("gaussian", "uniform"))
-    p.add_argument("--potential", default="mlp", choices=("mlp", "graph"),
-                   help="the GrCNF's: mlp (the paper's) or graph (invariant to relabelling "
-                        "the atoms; its exact validation is far slower)")  # fmt: skip
+    p.add_argument("--potential", default="mlp", choices=_POTENTIALS,
+                   help="the GrCNF's: mlp (the paper's), graph (invariant to relabelling the "
+                        "atoms) or egnn (an EGNN's velocity; both validate far slower)")
+    p.add_argument("--gram", default="wishart", choices=("wishart", "distance"),
+                   help="the ShapeFlow's density of S given the span")
+    p.add_argument("--gram-components", type=int, default=1)
+    p.add_argument("--layers", type=int, help="the graph potential's or EGNN's layers")
+    p.add_argument("--n-val", type=int, default=500,
+                   help="validation molecules of the GrCNF's exact NLL")
+    p.add_argument("--val-every-minutes", type=float, default=0.5)
+    p.add_argument("--n-test", type=int,
+                   help="score a seeded random N test molecules (default: all 1,813)")
+    p.add_argument("--tol", type=float, default=1e-5,
+                   help="ODE atol = rtol of the ShapeFlow's training and evaluation")
     p.add_argument("--budget", type=float, default=5.0,
                    help="GrCNF training CPU minutes, in total over reruns")
     p.add_argument("--scale-budget", type=float, default=1.0,

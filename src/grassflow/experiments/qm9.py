@@ -42,7 +42,8 @@ from torch import Tensor, nn
 from ..data.qm9 import distance_histogram, load_qm9_positional
 from ..data.shapes import helmert_basis
 from ..distributions.cartesian import cartesian_elbo, random_orthogonal, shape_factor
-from ..flows import POTENTIALS, GrCNF, ShapeFlow
+from ..flows import DEFAULT_LAYERS, POTENTIALS, GrCNF, ShapeFlow
+from ..flows.shape import GRAMS
 from ..metrics import closest_pair_fraction, jsd, mean_sem
 from ..nn import PRESETS
 from ..nn.scale import GramDecoder, ScaleEstimator
@@ -56,6 +57,7 @@ from .runs import (
     claim_run_dir,
     data_identity,
     read_preset,
+    test_subset,
     training_status,
 )
 from .shapes import load_shape_flow, train_shape_flow
@@ -78,10 +80,15 @@ class QM9Experiment:
         objective: ``"fm"``, ``"fm-ot"`` or ``"mle"`` for the GrCNF.
         prior: GrCNF base distribution, ``"uniform"`` or ``"gaussian"`` (paper: M = I,
             U = sigma^2 I, V = sigma^2 I, sigma = 0.3).
-        potential: the GrCNF's, ``"mlp"`` (the paper's HorP + ConcatSquash MLP) or
-            ``"graph"`` (message passing on the atoms, invariant to relabelling them).
+        potential: the GrCNF's, ``"mlp"`` (the paper's HorP + ConcatSquash MLP),
+            ``"graph"`` (message passing on the atoms, invariant to relabelling them) or
+            ``"egnn"`` (an EGNN's velocity on the span's whitened points; see
+            :class:`~grassflow.flows.ShapeFlow`).
         hidden: the MLP's widths (paper: 32-32-32).
-        graph_hidden, layers: the graph potential's width and message-passing layers.
+        graph_hidden, layers: the graph potential's or the EGNN's width and layers (None:
+            :data:`~grassflow.flows.DEFAULT_LAYERS`).
+        gram, gram_components: the ShapeFlow's density of S given the span, ``"wishart"``
+            or ``"distance"`` (log-normal pair distances), and its mixture components.
         chunk_size: molecules per exact-divergence ODE solve of the ShapeFlow's
             ``log_prob`` (bounds the memory of evaluation; the graph potential needs small).
         flow_minutes: GrCNF training CPU minutes (resumable).
@@ -90,7 +97,10 @@ class QM9Experiment:
             expectation) and for the importance-weighted NLL of the paper's model.
         n_val: validation molecules used for the GrCNF's model selection (an exact ODE per
             molecule; the Gram density and the decoder use all 2,501).
-        n_test: evaluate on the first ``n_test`` test molecules only (None: all 1,813).
+        val_every_minutes: the GrCNF's validation interval in training minutes (flow
+            matching; it is also validated at iterations 100, 200, 400, ...).
+        n_test: evaluate on a seeded random ``n_test`` test molecules only (None: all
+            1,813; the split is ordered by composition, so a prefix would be biased).
         cache_dir: where the processed QM9 split is cached.
         seed: training seed of the models.
     """
@@ -101,13 +111,16 @@ class QM9Experiment:
     potential: str = "mlp"
     hidden: tuple[int, ...] = PRESETS["qm9"]
     graph_hidden: int = 32
-    layers: int = 2
+    layers: int | None = None
+    gram: str = "wishart"
+    gram_components: int = 1
     chunk_size: int = 16
     atol: float = 1e-5
     rtol: float = 1e-5
     flow_minutes: float = 5.0
     scale_minutes: float = 1.0
     n_val: int = 500
+    val_every_minutes: float = 0.5
     n_test: int | None = None
     elbo_samples: int = 16
     iwae_samples: int = 512
@@ -121,6 +134,10 @@ class QM9Experiment:
             )
         if self.potential not in POTENTIALS:
             raise ValueError(f"potential must be one of {POTENTIALS}, got {self.potential!r}")
+        if self.gram not in GRAMS:
+            raise ValueError(f"gram must be one of {tuple(GRAMS)}, got {self.gram!r}")
+        if self.layers is None:  # resolved, so that the saved preset says what was trained
+            self.layers = DEFAULT_LAYERS[self.potential]
         self.hidden = tuple(self.hidden)
 
     def flow_config(self) -> TrainConfig:
@@ -128,7 +145,8 @@ class QM9Experiment:
         mle = self.objective == "mle"
         return TrainConfig(
             lr=5e-4 if mle else 1e-3, weight_decay=1e-12, batch_size=128, iterations=10**7,
-            val_every=None, val_doubling_from=None if mle else 100, val_every_minutes=0.5,
+            val_every=None, val_doubling_from=None if mle else 100,
+            val_every_minutes=self.val_every_minutes,
             log_every=10 if mle else 200, checkpoint_every=100 if mle else 2000,
             seed=self.seed, total_budget_minutes=self.flow_minutes,
         )  # fmt: skip
@@ -188,7 +206,7 @@ def _models(exp: QM9Experiment, init_scale: Tensor | None = None) -> QM9Models:
         shape = ShapeFlow(
             N + 1, K, potential=exp.potential, hidden=exp.hidden if mlp else exp.graph_hidden,
             layers=exp.layers, prior=exp.prior, sigma=exp.sigma, atol=exp.atol, rtol=exp.rtol,
-            chunk_size=exp.chunk_size,
+            chunk_size=exp.chunk_size, gram=exp.gram, gram_components=exp.gram_components,
         ).double()  # fmt: skip
         decoder = DecoderModel(GramDecoder(ScaleEstimator(N, K, init_scale=init_scale)))
     return QM9Models(shape, decoder)
@@ -272,7 +290,7 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) 
     run_dir = Path(run_dir)
     exp, m = load_run(run_dir)
     X = load_molecules(exp.cache_dir)
-    test = X["test"][: exp.n_test]
+    test = test_subset(X["test"], exp.n_test)
     gen = torch.Generator().manual_seed(exp.seed)
     elbo, iwae = [], []
     with torch.no_grad():

@@ -30,6 +30,7 @@ from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load
 from ..data.point_clouds import load_point_clouds, write_xyz
 from ..distributions.cartesian import shape_factor
 from ..flows import DEFAULT_LAYERS, POTENTIALS, ShapeFlow
+from ..flows.shape import GRAMS
 from ..metrics import histogram, jsd
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
 from ..training.checkpoint import write_json
@@ -48,11 +49,12 @@ MODELS = ("shapeflow", "equivariant-cnf")
 
 
 def split_budget(
-    minutes: float, gram_fraction: float = 0.1, gram_max_minutes: float = 1.0
+    minutes: float, gram_fraction: float = 0.3, gram_max_minutes: float = 3.0
 ) -> tuple[float, float]:
     """``(flow, gram)`` minutes of a budget of ``minutes`` for both parts of a ShapeFlow: the
     Gram density gets ``min(gram_max_minutes, gram_fraction * minutes)``, the flow the rest.
-    The Gram density has few parameters and converges in far fewer steps than the flow."""
+    The Gram density has few parameters and converges in far fewer steps than the flow; the
+    defaults are those of the DW4 and LJ13 rows of the EGNN field (README, issue 22)."""
     if not (minutes > 0 and 0 < gram_fraction < 1 and gram_max_minutes > 0):
         raise ValueError(f"need minutes > 0, 0 < gram_fraction < 1 and gram_max_minutes > 0, "
                          f"got {minutes!r}, {gram_fraction!r}, {gram_max_minutes!r}")
@@ -63,7 +65,7 @@ def split_budget(
 def _flow_config() -> TrainConfig:
     return TrainConfig(
         lr=1e-3, weight_decay=1e-12, batch_size=128, iterations=20_000, val_every=None,
-        val_doubling_from=100, val_every_minutes=1.0, log_every=100, checkpoint_every=1000,
+        val_doubling_from=100, val_every_minutes=3.0, log_every=100, checkpoint_every=200,
         dtype="float64",
     )  # fmt: skip
 
@@ -84,10 +86,14 @@ class ShapeExperiment:
         model: ``"shapeflow"`` (ours) or ``"equivariant-cnf"`` (the EFM baseline, trained by
             flow matching with ``coupling``; ``hidden`` and ``layers`` are its EGNN's,
             default 32 and 3, and ``flow`` its training).
-        potential: ShapeFlow's Grassmann field: ``"graph"`` (permutation invariant),
-            ``"mlp"`` (the paper's) or ``"egnn"`` (see :class:`ShapeFlow`).
-        hidden, layers: the field's widths (see :class:`ShapeFlow`; layers default 2, and 3
-            for an EGNN).
+        potential: ShapeFlow's Grassmann field: ``"egnn"`` (default; an EGNN's velocity on
+            the span's whitened points), ``"graph"`` (the gradient of a permutation-invariant
+            potential) or ``"mlp"`` (the paper's) (see :class:`ShapeFlow`).
+        hidden, layers: the field's widths (see :class:`ShapeFlow`; layers default 3 for an
+            EGNN, 2 otherwise).
+        gram_density, gram_components: ShapeFlow's density of S given the span (its
+            ``gram``): ``"distance"`` (default; log-normal pair distances) or ``"wishart"``.
+            Presets saved before this option mean ``"wishart"``, as those runs were trained.
         prior: the GrCNF base, ``"uniform"`` or ``"gaussian"``.
         objective: the GrCNF's, ``"fm"``, ``"fm-ot"`` or ``"mle"``.
         atol, rtol: ODE tolerances (of training with MLE and of every evaluation).
@@ -105,7 +111,7 @@ class ShapeExperiment:
     data: str
     key: str | None = None
     model: str = "shapeflow"
-    potential: str = "graph"
+    potential: str = "egnn"
     hidden: int | tuple[int, ...] | None = None
     layers: int | None = None
     prior: str = "uniform"
@@ -116,7 +122,7 @@ class ShapeExperiment:
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     split_seed: int = 0
-    n_val_flow: int = 200
+    n_val_flow: int = 50
     flow: TrainConfig = field(default_factory=_flow_config)
     gram: TrainConfig = field(default_factory=_gram_config)
     n_points: int | None = None
@@ -124,6 +130,8 @@ class ShapeExperiment:
     labels: tuple[int, ...] | None = None
     coupling: str = "equivariant-ot"
     efm_labels: bool | None = None
+    gram_density: str = "distance"
+    gram_components: int = 1
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -132,6 +140,9 @@ class ShapeExperiment:
             raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {self.coupling!r}")
         if self.potential not in POTENTIALS:
             raise ValueError(f"potential must be one of {POTENTIALS}, got {self.potential!r}")
+        if self.gram_density not in GRAMS:
+            raise ValueError(f"gram_density must be one of {tuple(GRAMS)}, got "
+                             f"{self.gram_density!r}")  # fmt: skip
         if self.layers is None:  # resolved, so that the saved preset says what was trained
             self.layers = 3 if self.model == "equivariant-cnf" else DEFAULT_LAYERS[self.potential]
         if self.objective not in OBJECTIVES:
@@ -155,7 +166,7 @@ class ShapeExperiment:
 
     @classmethod
     def from_dict(cls, d: dict) -> ShapeExperiment:
-        return cls(**d)
+        return cls(**{"gram_density": "wishart", **d})  # older presets: trained with Wisharts
 
 
 def load_clouds(exp: ShapeExperiment) -> dict:
@@ -192,7 +203,8 @@ def build_model(exp: ShapeExperiment) -> ShapeFlow | EquivariantCNF:
         return ShapeFlow(
             exp.n_points, exp.dim, potential=exp.potential, hidden=exp.hidden,
             layers=exp.layers, labels=labels, prior=exp.prior, atol=exp.atol, rtol=exp.rtol,
-            chunk_size=exp.chunk_size,
+            chunk_size=exp.chunk_size, gram=exp.gram_density,
+            gram_components=exp.gram_components,
         ).double()  # fmt: skip
 
 

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from ..data.overlap import distinct_rows, novel_mask
 from ..data.particle_files import missing_files, shared_data_dir
@@ -43,7 +42,8 @@ from ..training import OBJECTIVES, TrainConfig, load_checkpoint
 from ..training.checkpoint import write_json
 from ..training.clock import Stopwatch
 from ..training.rng import seeded_init
-from .runs import claim_run_dir, data_identity, read_preset, training_status
+from .qm9 import QM9Experiment
+from .runs import claim_run_dir, data_identity, read_preset, test_subset, training_status
 from .shapes import load_shape_flow, split_budget, train_shape_flow
 
 if TYPE_CHECKING:
@@ -404,16 +404,6 @@ def sweep(
     return rows
 
 
-def test_subset(test: Tensor, n: int | None, seed: int = 0) -> Tensor:
-    """``n`` rows of ``test`` drawn without replacement by a seeded permutation, in file
-    order (all of them if ``n`` is None or too large). QM9's split is ordered by molecule
-    index, hence by composition, so a prefix would be a biased sample."""
-    if n is None or n >= len(test):
-        return test
-    keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(seed))[:n]
-    return test[keep.sort().values]
-
-
 def merge_rows(rows: list[dict], out_dir: str | Path = "results") -> list[dict]:
     """Merge ``rows`` and the anchors into ``out_dir/vs_enf.json`` (a row replaces the one
     with the same system, model, n_train, budget and seed) and rewrite the tables
@@ -445,7 +435,23 @@ def _anchor_rows() -> list[dict]:
 def qm9_model(exp) -> str:
     """The ``model`` name of a :class:`~.qm9.QM9Experiment`'s exact ShapeFlow rows."""
     prior = "" if exp.prior == "uniform" else f"-{exp.prior}"
-    return f"grassflow-{exp.potential}-{exp.objective}{prior}"
+    gram = "" if exp.gram == "wishart" else f"-distgram{exp.gram_components}"
+    return f"grassflow-{exp.potential}-{exp.objective}{prior}{gram}"
+
+
+def table2_command(exp) -> str:
+    """The ``grassflow reproduce table2`` command line of a :class:`~.qm9.QM9Experiment`
+    (options at their defaults are left out)."""
+    cmd = (f"grassflow reproduce table2 --objective {exp.objective} --prior {exp.prior} "
+           f"--potential {exp.potential} --budget {exp.flow_minutes:g} "
+           f"--scale-budget {exp.scale_minutes:g}")  # fmt: skip
+    default = QM9Experiment(potential=exp.potential)
+    for name in ("gram", "gram_components", "layers", "n_val", "val_every_minutes", "n_test"):
+        if getattr(exp, name) != getattr(default, name):
+            cmd += f" --{name.replace('_', '-')} {getattr(exp, name)}"
+    if exp.atol != exp.rtol:
+        raise ValueError(f"the command line sets atol = rtol, got {exp.atol} and {exp.rtol}")
+    return cmd + ("" if exp.atol == default.atol else f" --tol {exp.atol:g}")
 
 
 def qm9_row(result: dict, exp) -> dict:
@@ -462,9 +468,7 @@ def qm9_row(result: dict, exp) -> dict:
                                   "test_nll_gram", "jsd", "broken_fraction")},
         "test_nll_jacobian": result["mean_log_jacobian"], "atol": exp.atol, "rtol": exp.rtol,
         "threads": torch.get_num_threads(),
-        "command": f"grassflow reproduce table2 --objective {exp.objective} --prior {exp.prior} "
-        f"--potential {exp.potential} --budget {exp.flow_minutes:g} "
-        f"--scale-budget {exp.scale_minutes:g}",
+        "command": table2_command(exp),
     }  # fmt: skip
 
 
