@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 from grassflow.data.particles import dw4_energy, lj13_energy
-from grassflow.data.shapes import helmert_basis
-from grassflow.distributions.cartesian import log_jacobian_gram, shape_factor
+from grassflow.distributions.cartesian import log_jacobian_gram
 from grassflow.distributions.spd import spd_lognormal_log_prob, spd_lognormal_sample
 from grassflow.experiments.vs_enf import SHAPES, load_enf_splits
+from grassflow.manifolds.shape_space import helmert_basis, shape_factor
 from grassflow.metrics.boltzmann import effective_sample_size
 
 ENERGIES = {"dw4": dw4_energy, "lj13": lj13_energy}

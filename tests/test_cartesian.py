@@ -11,10 +11,10 @@ from grassflow.distributions.cartesian import (
     cartesian_log_prob_gram,
     log_jacobian,
     log_volume_orthogonal,
-    shape_factor,
     wishart_eigenvalue_log_prob,
 )
 from grassflow.manifolds import Grassmann
+from grassflow.manifolds.shape_space import shape_factor
 
 CASES = [(3, 1), (3, 2), (5, 2), (6, 3), (18, 3)]
 

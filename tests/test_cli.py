@@ -307,3 +307,17 @@ def test_cli_offers_every_shape_flow_field():
     from grassflow.flows.shape import POTENTIALS
 
     assert cli._POTENTIALS == POTENTIALS
+
+
+def test_version_is_the_installed_packages(capsys):
+    """`grassflow --version` prints the package's one version, the one pip installed (a second
+    hard-coded version, or a stale one in the CLI, would differ)."""
+    from importlib.metadata import version
+
+    import grassflow
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"grassflow {grassflow.__version__}"
+    assert version("grassflow") == grassflow.__version__

@@ -6,8 +6,9 @@ import torch
 from scipy.stats import kstest
 
 from conftest import mc_tolerance
-from grassflow.distributions.cartesian import cartesian_log_prob, shape_factor
+from grassflow.distributions.cartesian import cartesian_log_prob
 from grassflow.manifolds import Grassmann
+from grassflow.manifolds.shape_space import shape_factor
 from grassflow.nn.eigenvalues import (
     EigenvalueDensity,
     eigenvalues_to_log_gaps,

@@ -237,7 +237,7 @@ def test_ot_coupling_shortens_the_pairs_and_trains():
 def test_relabel_pairing_relabels_the_clouds_and_shortens_the_geodesics():
     # catches: data spans changed by more than a relabelling (their law would change), the
     # alignment run on Y instead of the clouds' points H Y, or aligned to the wrong side
-    from grassflow.data.shapes import helmert_basis
+    from grassflow.manifolds.shape_space import helmert_basis
     from grassflow.training import OBJECTIVES
     from grassflow.training.flow_matching import relabel_pairing
 

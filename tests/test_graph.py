@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from conftest import mc_tolerance, random_orthogonal
-from grassflow.data.shapes import helmert_basis
 from grassflow.distributions.cartesian import wishart_log_prob, wishart_sample
 from grassflow.manifolds import Grassmann
+from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.nn import GraphPotential, GrassmannField, PointGraph, scale_init_
 from grassflow.nn.gram import WishartGram
 from grassflow.ode import divergence_exact

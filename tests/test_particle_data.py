@@ -14,13 +14,13 @@ from grassflow.data.particle_files import (
     missing_files,
     shared_data_dir,
 )
-from grassflow.data.shapes import (
+from grassflow.manifolds import Grassmann, orthonormality_error
+from grassflow.manifolds.shape_space import (
     from_grassmann,
     helmert_basis,
     representation_shape,
     to_grassmann,
 )
-from grassflow.manifolds import Grassmann, orthonormality_error
 
 SHAPES = {"dw4": (4, 2), "lj13": (13, 3)}
 

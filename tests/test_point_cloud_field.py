@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from conftest import random_orthogonal
-from grassflow.data.shapes import helmert_basis
 from grassflow.flows import GrCNF, ShapeFlow
 from grassflow.manifolds import Grassmann
+from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.nn import EGNNField, PointCloudField
 from quadrature import grassmann_rule, log_volume_grassmann
 from test_shape_flow import calibrate_gram

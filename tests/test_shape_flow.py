@@ -31,10 +31,10 @@ import pytest
 import torch
 
 from conftest import mc_tolerance, random_orthogonal
-from grassflow.data.shapes import helmert_basis
 from grassflow.distributions.cartesian import wishart_log_prob
 from grassflow.flows.shape import ShapeFlow
 from grassflow.manifolds import Grassmann
+from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.nn import scale_init_
 from grassflow.nn.gram import WishartGram
 from quadrature import grassmann_rule, log_volume_grassmann

@@ -15,10 +15,10 @@ import torch
 
 from grassflow.data import qm9
 from grassflow.data.particle_files import load_splits
-from grassflow.data.shapes import to_grassmann
 from grassflow.data.textures import lift_to_grassmann
 from grassflow.flows import GrCNF
 from grassflow.manifolds import Grassmann
+from grassflow.manifolds.shape_space import to_grassmann
 from grassflow.nn import GrassmannField, Potential
 from grassflow.training import OBJECTIVES, TrainConfig, train
 from grassflow.training.batches import check_points, model_manifold

@@ -29,5 +29,6 @@ __all__ = [
     "ShapeFlow",
     "UniformGrassmann",
     "odeint_grassmann",
+    "__version__",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

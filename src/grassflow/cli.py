@@ -443,11 +443,13 @@ class _Subcommands:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     from .data.textures import TEXTURES
 
     parser = argparse.ArgumentParser(
         prog="grassflow", description="Continuous normalizing flows on Grassmann manifolds."
     )
+    parser.add_argument("--version", action="version", version=f"grassflow {__version__}")
     _debug_option(parser, False)
     _threads_option(parser, "auto")
     sub = _Subcommands(parser.add_subparsers(dest="command", required=True))

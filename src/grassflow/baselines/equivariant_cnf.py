@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torchdiffeq import odeint
 
-from ..data.shapes import helmert_basis
+from ..manifolds.shape_space import helmert_basis
 from ..nn.egnn import EGNNField
 
 __all__ = ["EquivariantCNF"]

@@ -85,6 +85,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..manifolds.shape_space import shape_factor
+
 __all__ = [
     "cartesian_elbo",
     "cartesian_log_prob",
@@ -93,7 +95,6 @@ __all__ = [
     "log_jacobian_gram",
     "log_volume_orthogonal",
     "random_orthogonal",
-    "shape_factor",
     "wishart_eigenvalue_log_prob",
     "wishart_log_prob",
     "wishart_sample",
@@ -147,42 +148,6 @@ def log_volume_orthogonal(k: int) -> float:
     """
     _check_int("k", k, 1)
     return k * math.log(2.0) + 0.5 * k * k * math.log(math.pi) - _log_multigamma(0.5 * k, k)
-
-
-def shape_factor(P: Tensor, rtol: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
-    """Factor ``P = Y diag(sqrt(lam)) R^T`` (the paper's QM9 representation).
-
-    Args:
-        P: ``(..., n, k)`` configurations, ``n > k``.
-        rtol: a P whose k-th singular value is ``<= rtol`` times its first is rank deficient.
-
-    Returns:
-        Y ``(..., n, k)``: eigenvectors of P P^T, the sign convention of
-        ``Grassmann.from_point_cloud(P, "eig")`` (largest-magnitude entry of each column > 0);
-        it depends on P only through P P^T, so ``shape_factor(P Q)`` has the same Y.
-        lam ``(..., k)``: eigenvalues of P^T P, descending.
-        R ``(..., k, k)``: orthogonal.
-
-    Raises:
-        ValueError: on bad shape/dtype, NaN or inf, or rank-deficient P (with their count).
-    """
-    _check_tensor(P, "P", 2)
-    n, k = P.shape[-2:]
-    if not 1 <= k < n:
-        raise ValueError(f"P must have shape (..., n, k) with 1 <= k < n, got {tuple(P.shape)}")
-    U, s, Vh = torch.linalg.svd(P, full_matrices=False)
-    bad = s[..., -1] <= rtol * s[..., 0].clamp_min(torch.finfo(P.dtype).tiny)
-    if bad.any():
-        raise ValueError(
-            f"{int(bad.sum())} configuration(s) have rank < {k} (all points on a "
-            f"{k - 1}-dimensional subspace); first at batch index "
-            f"{tuple(bad.nonzero()[0].tolist())}"
-        )
-    # same rule as Grassmann.from_point_cloud(P, "eig"); flipping a column of U and of V together
-    # keeps P, so R takes the same signs
-    idx = U.abs().argmax(dim=-2, keepdim=True)
-    sign = torch.sign(torch.gather(U, -2, idx))
-    return U * sign, s.square(), Vh.mT * sign
 
 
 def log_jacobian(lam: Tensor, n: int) -> Tensor:

@@ -25,9 +25,9 @@ import torch
 
 from ..data.particle_files import SOURCES, load_splits
 from ..data.particles import get_system
-from ..data.shapes import PROTOCOLS, representation_shape, to_grassmann
 from ..flows import GrCNF
 from ..manifolds import Grassmann
+from ..manifolds.shape_space import PROTOCOLS, representation_shape, to_grassmann
 from ..nn import PRESETS, GrassmannField, Potential
 from ..training import (
     OBJECTIVES,

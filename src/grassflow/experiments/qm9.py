@@ -2,7 +2,7 @@
 
 A molecule is a centred cloud ``X: (19, 3)`` (Å); in the Helmert basis H of 1-perp it is
 ``P = H^T X: (18, 3) = Y B`` with [Y] in Gr(3, 18) and the in-span Gram matrix ``S = B B^T``
-(:func:`grassflow.distributions.cartesian.shape_factor`). Two models share one GrCNF on
+(:func:`grassflow.manifolds.shape_space.shape_factor`). Two models share one GrCNF on
 Gr(3, 18) for [Y] (flow matching by default, or maximum likelihood):
 
 * exact model: a :class:`~grassflow.flows.ShapeFlow` ``(19, 3)``, the GrCNF (its ``flow``;
@@ -40,10 +40,10 @@ import torch
 from torch import Tensor, nn
 
 from ..data.qm9 import distance_histogram, load_qm9_positional
-from ..data.shapes import helmert_basis
-from ..distributions.cartesian import cartesian_elbo, random_orthogonal, shape_factor
+from ..distributions.cartesian import cartesian_elbo, random_orthogonal
 from ..flows import DEFAULT_LAYERS, POTENTIALS, GrCNF, ShapeFlow
 from ..flows.shape import GRAMS
+from ..manifolds.shape_space import helmert_basis, shape_factor
 from ..metrics import closest_pair_fraction, jsd, mean_sem
 from ..nn import PRESETS
 from ..nn.scale import GramDecoder, ScaleEstimator

@@ -28,9 +28,9 @@ from torch import Tensor, nn
 
 from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
 from ..data.point_clouds import load_point_clouds, write_xyz
-from ..distributions.cartesian import shape_factor
 from ..flows import DEFAULT_LAYERS, POTENTIALS, ShapeFlow
 from ..flows.shape import GRAMS
+from ..manifolds.shape_space import shape_factor
 from ..metrics import histogram, jsd
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
 from ..training.checkpoint import write_json

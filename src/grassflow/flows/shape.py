@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..data.shapes import helmert_basis
-from ..distributions.cartesian import log_jacobian_gram, random_orthogonal, shape_factor
+from ..distributions.cartesian import log_jacobian_gram, random_orthogonal
 from ..manifolds import Grassmann
+from ..manifolds.shape_space import helmert_basis, shape_factor
 from ..nn import PRESETS, EGNNField, GrassmannField, PointCloudField, Potential
 from ..nn.gram import DistanceGram, WishartGram
 from ..nn.graph import GraphPotential

@@ -1,5 +1,23 @@
-"""Manifold geometry: Gr(k, D) with orthonormal representatives ``(..., D, k)``."""
+"""Manifold geometry: Gr(k, D) with orthonormal representatives ``(..., D, k)``, and point
+clouds as spans (:mod:`.shape_space`)."""
 
 from .grassmann import Grassmann, orthonormality_error
+from .shape_space import (
+    PROTOCOLS,
+    from_grassmann,
+    helmert_basis,
+    representation_shape,
+    shape_factor,
+    to_grassmann,
+)
 
-__all__ = ["Grassmann", "orthonormality_error"]
+__all__ = [
+    "PROTOCOLS",
+    "Grassmann",
+    "from_grassmann",
+    "helmert_basis",
+    "orthonormality_error",
+    "representation_shape",
+    "shape_factor",
+    "to_grassmann",
+]

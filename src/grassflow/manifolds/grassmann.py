@@ -19,6 +19,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .shape_space import full_rank, span_basis
+
 __all__ = ["Grassmann", "orthonormality_error"]
 
 
@@ -395,25 +397,14 @@ class Grassmann(nn.Module):
         self.check_shape(P, "P")
         if not torch.isfinite(P).all():
             raise ValueError("P contains NaN or inf")
-        sv = torch.linalg.svdvals(P)
-        bad = sv[..., -1] <= rtol * sv[..., 0].clamp_min(torch.finfo(P.dtype).tiny)
+        bad = ~full_rank(torch.linalg.svdvals(P), rtol)
         if bad.any():
             n = int(bad.sum())
             raise ValueError(
                 f"{n} point cloud(s) have rank < {self.k} (e.g. collinear points) and cannot be "
                 f"orthonormalized; first at batch index {tuple(bad.nonzero()[0].tolist())}"
             )
-        if method == "qr":
-            Q, R = torch.linalg.qr(P)
-            sign = torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))
-            Y = Q * sign.unsqueeze(-2)
-        elif method == "eig":
-            U, _, _ = torch.linalg.svd(P, full_matrices=False)
-            idx = U.abs().argmax(dim=-2, keepdim=True)
-            sign = torch.sign(torch.gather(U, -2, idx))
-            Y = U * sign
-        else:
-            raise ValueError(f"method must be 'qr' or 'eig', got {method!r}")
+        Y = span_basis(P, method)
         if return_factor:
             return Y, Y.mT @ P
         return Y

@@ -3,7 +3,7 @@ r"""Learnable conditional density of the ordered eigenvalues lam of P^T P given 
 ``EigenvalueDensity`` is a ``scale_log_prob`` for
 :func:`grassflow.distributions.cartesian.cartesian_log_prob`: an exactly normalized density of
 lam_1 > ... > lam_k > 0 (Lebesgue on the chamber) given the canonical representative
-``Y: (n, k)`` of :func:`~grassflow.distributions.cartesian.shape_factor`. Its trunk is the
+``Y: (n, k)`` of :func:`~grassflow.manifolds.shape_space.shape_factor`. Its trunk is the
 paper's QM9 "scale estimator" (GrCNF, NeurIPS 2023, QM9 appendix: flattened Y ->
 [FC -> BatchNorm -> SiLU] x 4 with widths 128, 256, 256, 128), but the head predicts a
 distribution instead of the point estimate sqrt(lam).

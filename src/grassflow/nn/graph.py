@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..data.shapes import helmert_basis
+from ..manifolds.shape_space import helmert_basis
 from . import jet
 from .layers import ConcatSquash
 

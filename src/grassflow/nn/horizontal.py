@@ -24,7 +24,7 @@ import math
 
 from torch import Tensor, nn
 
-from ..data.shapes import helmert_basis
+from ..manifolds.shape_space import helmert_basis
 
 __all__ = ["PointCloudField"]
 

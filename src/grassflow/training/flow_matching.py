@@ -69,7 +69,7 @@ def relabel_pairing(Y0: Tensor, Y1: Tensor) -> Tensor:
     representative of the relabelled cloud's span.
     """
     from ..baselines.matching import align  # the alignment is the baseline's, on other points
-    from ..data.shapes import helmert_basis
+    from ..manifolds.shape_space import helmert_basis
 
     with torch.no_grad():
         H = helmert_basis(Y1.shape[-2] + 1).to(Y1)

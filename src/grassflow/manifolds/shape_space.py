@@ -1,4 +1,8 @@
-"""Particle configurations as points of a Grassmann manifold, and back.
+"""Shape geometry: point clouds as spans (points of a Grassmann manifold) and factors.
+
+The one home of the rank test (:func:`full_rank`), the sign rules that make a span's basis
+deterministic (:func:`span_basis`), the Helmert basis that removes the centre of mass, the
+protocols of DW4/LJ13, and the paper's QM9 factorization (:func:`shape_factor`).
 
 A configuration of n particles in d dimensions is a matrix ``X: (n, d)`` (one row per
 particle). After centring, ``P = X - mean`` is determined up to its column span and a
@@ -28,9 +32,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..manifolds import Grassmann
-
-__all__ = ["PROTOCOLS", "from_grassmann", "helmert_basis", "representation_shape", "to_grassmann"]
+__all__ = [
+    "PROTOCOLS", "from_grassmann", "full_rank", "helmert_basis", "representation_shape",
+    "shape_factor", "span_basis", "to_grassmann",
+]  # fmt: skip
 
 PROTOCOLS: tuple[str, ...] = ("paper", "com-free")
 
@@ -38,6 +43,36 @@ PROTOCOLS: tuple[str, ...] = ("paper", "com-free")
 def _check_protocol(protocol: str) -> None:
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; choices are {', '.join(PROTOCOLS)}")
+
+
+def full_rank(sv: Tensor, rtol: float = 1e-6) -> Tensor:
+    """The rank test: ``(...)`` True where the singular values ``sv: (..., k)`` (descending)
+    have ``sv_k > rtol * sv_1``, i.e. where the configuration has a k-dimensional span."""
+    return sv[..., -1] > rtol * sv[..., 0].clamp_min(torch.finfo(sv.dtype).tiny)
+
+
+def _largest_entry_positive(U: Tensor) -> Tensor:
+    """``(..., 1, k)`` signs that make the largest-magnitude entry of each column positive."""
+    idx = U.abs().argmax(dim=-2, keepdim=True)
+    return torch.sign(torch.gather(U, -2, idx))
+
+
+def span_basis(P: Tensor, method: str = "qr") -> Tensor:
+    """The canonical orthonormal basis ``Y: (..., D, k)`` of the span of ``P: (..., D, k)``
+    (full rank; see :func:`full_rank`).
+
+    ``"qr"``: Gram-Schmidt of the columns, R with a positive diagonal (the paper's DW4/LJ13
+    protocol). ``"eig"``: eigenvectors of ``P P^T``, eigenvalues descending, each column's
+    largest-magnitude entry positive (the paper's QM9 protocol); it depends on P only through
+    ``P P^T``, so ``P Q`` has the same basis for orthogonal Q.
+    """
+    if method == "qr":
+        Q, R = torch.linalg.qr(P)
+        return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
+    if method == "eig":
+        U = torch.linalg.svd(P, full_matrices=False)[0]
+        return U * _largest_entry_positive(U)
+    raise ValueError(f"method must be 'qr' or 'eig', got {method!r}")
 
 
 def helmert_basis(
@@ -124,9 +159,7 @@ def to_grassmann(
     P = X - X.mean(dim=-2, keepdim=True)
     if protocol == "com-free":
         P = helmert_basis(n, X.dtype, X.device).mT @ P
-    # same rank test as Grassmann.from_point_cloud, done here to know *which* rows fail
-    sv = torch.linalg.svdvals(P)
-    kept = sv[:, -1] > rtol * sv[:, 0].clamp_min(torch.finfo(P.dtype).tiny)
+    kept = full_rank(torch.linalg.svdvals(P), rtol)
     if not kept.all():
         bad = (~kept).nonzero()[:, 0]
         if on_degenerate == "raise" or len(bad) == len(X):
@@ -139,8 +172,8 @@ def to_grassmann(
                 f"{' ...' if len(bad) > 10 else ''}; {hint}"
             )
         P = P[kept]
-    Y, B = Grassmann(k, D).from_point_cloud(P, "qr", return_factor=True, rtol=rtol)
-    out = (Y, B) if return_factor else (Y,)
+    Y = span_basis(P, "qr")
+    out = (Y, Y.mT @ P) if return_factor else (Y,)
     if on_degenerate == "skip":
         out = out + (kept,)
     return out[0] if len(out) == 1 else out
@@ -162,3 +195,42 @@ def from_grassmann(Y: Tensor, B: Tensor, protocol: str = "com-free") -> Tensor:
     if protocol == "com-free":
         P = helmert_basis(Y.shape[-2] + 1, Y.dtype, Y.device) @ P
     return P
+
+
+def shape_factor(P: Tensor, rtol: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
+    """Factor ``P = Y diag(sqrt(lam)) R^T`` (the paper's QM9 representation).
+
+    Args:
+        P: ``(..., n, k)`` configurations, ``n > k``.
+        rtol: a P whose k-th singular value is ``<= rtol`` times its first is rank deficient.
+
+    Returns:
+        Y ``(..., n, k)``: ``span_basis(P, "eig")``; it depends on P only through P P^T, so
+        ``shape_factor(P Q)`` has the same Y.
+        lam ``(..., k)``: eigenvalues of P^T P, descending.
+        R ``(..., k, k)``: orthogonal.
+
+    Raises:
+        ValueError: on bad shape/dtype, NaN or inf, or rank-deficient P (with their count).
+    """
+    if not isinstance(P, Tensor):
+        raise ValueError(f"P must be a torch.Tensor, got {type(P).__name__}")
+    if not P.is_floating_point() or P.dim() < 2 or P.numel() == 0:
+        raise ValueError(f"P must be a non-empty floating-point (..., n, k) tensor, got "
+                         f"{P.dtype} of shape {tuple(P.shape)}")  # fmt: skip
+    if not torch.isfinite(P).all():
+        raise ValueError("P contains NaN or inf")
+    n, k = P.shape[-2:]
+    if not 1 <= k < n:
+        raise ValueError(f"P must have shape (..., n, k) with 1 <= k < n, got {tuple(P.shape)}")
+    U, s, Vh = torch.linalg.svd(P, full_matrices=False)
+    bad = ~full_rank(s, rtol)
+    if bad.any():
+        raise ValueError(
+            f"{int(bad.sum())} configuration(s) have rank < {k} (all points on a "
+            f"{k - 1}-dimensional subspace); first at batch index "
+            f"{tuple(bad.nonzero()[0].tolist())}"
+        )
+    # flipping a column of U and of V together keeps P, so R takes the same signs
+    sign = _largest_entry_positive(U)
+    return U * sign, s.square(), Vh.mT * sign
