@@ -304,7 +304,7 @@ def test_threads_option(monkeypatch, capsys):
 def test_cli_offers_every_shape_flow_field():
     # catches: a ShapeFlow field option (potential) that the CLI's choices do not offer
     from grassflow import cli
-    from grassflow.flows.shape import POTENTIALS
+    from grassflow.flows.shape_flow import POTENTIALS
 
     assert cli._POTENTIALS == POTENTIALS
 

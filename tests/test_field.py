@@ -3,7 +3,7 @@ import torch
 
 from conftest import mc_tolerance, random_orthogonal
 from grassflow.manifolds import Grassmann
-from grassflow.nn import PRESETS, ConcatSquash, GrassmannField, HorP, Potential, scale_init_
+from grassflow.nn import PAPER_WIDTHS, ConcatSquash, GrassmannField, HorP, Potential, scale_init_
 from grassflow.ode.divergence import divergence_exact, divergence_hutchinson, horizontal_basis
 
 CASES = [(1, 3), (2, 4), (3, 13), (3, 4)]
@@ -36,7 +36,7 @@ def test_field_is_riemannian_gradient_of_potential():
 
 
 def test_potential_depends_on_time_and_presets():
-    v = Potential(3, 1, PRESETS["textures"])
+    v = Potential(3, 1, PAPER_WIDTHS["textures"])
     Y = Grassmann(1, 3).random(4)
     assert not torch.allclose(v(torch.tensor(0.0), Y), v(torch.tensor(1.0), Y))
     assert len(v.layers) == 3 and v.layers[0].linear.out_features == 64

@@ -313,3 +313,26 @@ def test_rkmk_nonfinite_dynamics(oja, Y0):
         odeint_grassmann(blows_up, Y0, 0.0, t0=0.6)
     with pytest.raises(RuntimeError, match="underflow.*non-finite"):
         odeint_grassmann(blows_up, Y0, 0.0)
+
+
+def test_dopri5_tableau_order_conditions():
+    """The shared tableau satisfies the order conditions of a 5(4) pair, in exact rationals
+    where they are written so: a mistyped coefficient (which would silently make both
+    solvers low order) breaks one of them."""
+    from fractions import Fraction
+
+    from grassflow.ode import dopri5
+
+    A = [[Fraction(a).limit_denominator(10**6) for a in row] for row in dopri5.A]
+    C = [Fraction(c).limit_denominator(10**6) for c in dopri5.C]
+    B = [Fraction(b).limit_denominator(10**6) for b in dopri5.B]
+    B4 = [b - Fraction(e).limit_denominator(10**7) for b, e in zip(B, dopri5.E)]
+    for i in range(1, 7):
+        assert sum(A[i]) == C[i]
+    for w, order in ((B, 5), (B4, 4)):
+        for q in range(1, order + 1):  # quadrature conditions sum b_i c_i^(q-1) = 1/q
+            assert sum(b * c ** (q - 1) for b, c in zip(w, C)) == Fraction(1, q)
+    # one tree of order 3 and one of order 4 beyond quadrature: sum b_i a_ij c_j = 1/6, ...
+    Ac = [sum(a * C[j] for j, a in enumerate(row)) for row in A]
+    assert sum(b * x for b, x in zip(B, Ac)) == Fraction(1, 6)
+    assert sum(b * c * x for b, c, x in zip(B, C, Ac)) == Fraction(1, 8)

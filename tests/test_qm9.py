@@ -18,12 +18,11 @@ from grassflow.data.qm9 import (
     SPLIT_SIZES,
     SPLIT_SIZES_19,
     SPLITS,
-    distance_histogram,
     gdb9_split_positions,
     load_qm9_positional,
     rank_deficient,
 )
-from grassflow.metrics import jsd
+from grassflow.metrics import distance_histogram, jsd
 
 # not pytest.importorskip("qm9pack"): importing qm9pack 1.0.3 fails without pkg_resources
 # (removed in setuptools 82) even when installed; the loader only needs its data files

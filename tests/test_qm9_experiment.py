@@ -17,7 +17,7 @@ from grassflow.experiments.runs import test_subset as seeded_rows  # not collect
 from grassflow.flows import ShapeFlow
 from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.nn.graph import GraphPotential
-from grassflow.training.metrics import read_metrics
+from grassflow.training import read_metrics
 
 try:
     qm9data.qm9pack_data_dir()

@@ -32,7 +32,7 @@ import torch
 
 from conftest import mc_tolerance, random_orthogonal
 from grassflow.distributions.cartesian import wishart_log_prob
-from grassflow.flows.shape import ShapeFlow
+from grassflow.flows.shape_flow import ShapeFlow
 from grassflow.manifolds import Grassmann
 from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.nn import scale_init_

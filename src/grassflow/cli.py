@@ -350,7 +350,7 @@ def cmd_reproduce_table2(args) -> None:
     print(qm9_report.markdown_table(result))
 
 
-_POTENTIALS = ("graph", "mlp", "egnn")  # flows.shape.POTENTIALS, without importing torch
+_POTENTIALS = ("graph", "mlp", "egnn")  # flows.POTENTIALS, without importing torch
 _EFM_OPTIONS = ("hidden", "layers", "lr", "batch_size", "coupling", "dtype")
 
 

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from ..manifolds.shape_space import full_rank
 
 __all__ = ["ELEMENTS", "PointClouds", "load_point_clouds", "write_xyz"]
 
@@ -222,7 +225,7 @@ def _check_labels(path: Path, labels: np.ndarray, shape: tuple[int, int]) -> np.
 def _drop_rank_deficient(path: Path, pc: PointClouds, rtol: float) -> PointClouds:
     P = pc.positions
     s = np.linalg.svd(P - P.mean(axis=1, keepdims=True), compute_uv=False)  # (N, d)
-    drop = s[:, -1] <= rtol * s[:, 0]
+    drop = ~full_rank(torch.from_numpy(s), rtol).numpy()
     if not drop.any():
         return pc
     d = P.shape[-1]

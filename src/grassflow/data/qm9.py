@@ -37,9 +37,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
-from ..metrics.histograms import histogram
+from ..manifolds.shape_space import full_rank
 
 __all__ = [
     "ATOMIC_NUMBERS",
@@ -52,7 +53,6 @@ __all__ = [
     "SPLITS",
     "SPLIT_SIZES",
     "SPLIT_SIZES_19",
-    "distance_histogram",
     "gdb9_split_positions",
     "load_qm9_positional",
     "qm9pack_data_dir",
@@ -354,33 +354,4 @@ def rank_deficient(P: np.ndarray, rtol: float = 1e-6) -> np.ndarray:
     if P.ndim != 3 or P.shape[-1] != 3:
         raise ValueError(f"expected positions of shape (N, n, 3), got {P.shape}")
     s = np.linalg.svd(P - P.mean(axis=1, keepdims=True), compute_uv=False)
-    return s[:, -1] <= rtol * s[:, 0]
-
-
-def distance_histogram(
-    P: np.ndarray, bins: int = 100, lo: float = 0.0, hi: float = 13.0, chunk: int = 4096
-) -> np.ndarray:
-    """Counts of interatomic distances, binned as E-NF's QM9 metric.
-
-    Every ordered pair ``i != j`` of every configuration counts once (so each distance
-    twice); zero distances are dropped; a distance ``d`` goes to bin
-    ``min(int((d - lo) / (hi - lo) * bins), bins - 1)``, as ``Histogram_cont`` in E-NF.
-
-    Args:
-        P: ``(N, n, 3)`` positions in Å.
-        bins, lo, hi: equal bins on ``[lo, hi]``; E-NF uses 100 bins on [0, 13] Å.
-        chunk: configurations per batch (bounds memory at ``chunk * n * n`` distances).
-
-    Returns:
-        float64 ``(bins,)`` counts; compare with :func:`grassflow.metrics.jsd`.
-    """
-    P = np.asarray(P, dtype=np.float64)
-    if P.ndim != 3:
-        raise ValueError(f"expected positions of shape (N, n, d), got {P.shape}")
-    counts = np.zeros(bins)
-    for start in range(0, len(P), chunk):
-        X = P[start : start + chunk]
-        d = np.sqrt(((X[:, :, None, :] - X[:, None, :, :]) ** 2).sum(-1))
-        d = d[d > 0]  # the diagonal, and coinciding atoms, as E-NF
-        counts += histogram(d, bins, lo, hi)
-    return counts
+    return ~full_rank(torch.from_numpy(s), rtol).numpy()

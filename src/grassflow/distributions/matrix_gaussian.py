@@ -153,9 +153,9 @@ class MatrixGaussianPrior(Distribution):
                 f"value has dtype {value.dtype} on {value.device}, but the prior is "
                 f"{self.loc.dtype} on {self.loc.device}"
             )
-        return self._log_prob(value)
+        return self.log_prob_unchecked(value)
 
-    def _log_prob(self, value: Tensor) -> Tensor:
+    def log_prob_unchecked(self, value: Tensor) -> Tensor:
         """``log_prob`` without input checks (for use inside solvers and training loops)."""
         xis, s, valid = self.manifold.cayley_preimages(self.loc.expand_as(value), value)
         terms = self.horizontal_log_prob(xis) - Grassmann.cayley_log_jacobian(s, self.manifold.D)

@@ -44,6 +44,10 @@ class UniformGrassmann(Distribution):
 
     def log_prob(self, value: Tensor) -> Tensor:
         self.manifold.check_point(value, name="value")
+        return self.log_prob_unchecked(value)
+
+    def log_prob_unchecked(self, value: Tensor) -> Tensor:
+        """``log_prob`` without input checks (for use inside solvers and training loops)."""
         return value.new_full(value.shape[:-2], -self.manifold.log_volume())
 
     def entropy(self) -> Tensor:

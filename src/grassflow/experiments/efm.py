@@ -22,8 +22,7 @@ import torch
 
 from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
 from ..data.overlap import novel_mask
-from ..data.qm9 import distance_histogram
-from ..metrics import closest_pair_fraction, jsd, mean_sem
+from ..metrics import closest_pair_fraction, distance_histogram, jsd, mean_sem
 from ..training import TrainConfig, load_checkpoint
 from ..training.checkpoint import write_json
 from ..training.clock import Stopwatch

@@ -24,7 +24,7 @@ from ..training import PAPER_TEXTURES, atomic_save, load_checkpoint
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
 from .runs import training_status
-from .textures import TexturesExperiment, _splits, build_model, claim, run
+from .textures import TexturesExperiment, build_model, claim, held_out, run
 
 __all__ = ["compare", "markdown_table"]
 
@@ -79,7 +79,7 @@ def _curve(
         curve = json.loads(cached.read_text())
         if curve.get("iterations") == status["iterations"]:
             return curve
-    test = _splits(exp, getattr(torch, exp.train.dtype))["test"]
+    test = held_out(exp, getattr(torch, exp.train.dtype))["test"]
     points = []
     for path in sorted((run_dir / "snapshots").glob("*.pt")):
         nll_path = path.with_suffix(".json")

@@ -28,7 +28,7 @@ from ..data.particles import get_system
 from ..flows import GrCNF
 from ..manifolds import Grassmann
 from ..manifolds.shape_space import PROTOCOLS, representation_shape, to_grassmann
-from ..nn import PRESETS, GrassmannField, Potential
+from ..nn import PAPER_WIDTHS, GrassmannField, Potential
 from ..training import (
     OBJECTIVES,
     TrainConfig,
@@ -143,7 +143,7 @@ class ParticleExperiment:
         if not (isinstance(self.n_train, int) and self.n_train >= 1):
             raise ValueError(f"n_train must be a positive integer, got {self.n_train!r}")
         if self.hidden is None:
-            self.hidden = PRESETS[self.system]
+            self.hidden = PAPER_WIDTHS[self.system]
         self.hidden = tuple(self.hidden)
         if self.train is None:
             self.train = paper_train_config(self.system, self.n_train, self.objective)

@@ -39,13 +39,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..data.qm9 import distance_histogram, load_qm9_positional
+from ..data.qm9 import load_qm9_positional
 from ..distributions.cartesian import cartesian_elbo, random_orthogonal
-from ..flows import DEFAULT_LAYERS, POTENTIALS, GrCNF, ShapeFlow
-from ..flows.shape import GRAMS
+from ..flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, GrCNF, ShapeFlow
 from ..manifolds.shape_space import helmert_basis, shape_factor
-from ..metrics import closest_pair_fraction, jsd, mean_sem
-from ..nn import PRESETS
+from ..metrics import closest_pair_fraction, distance_histogram, jsd, mean_sem
+from ..nn import PAPER_WIDTHS
 from ..nn.scale import GramDecoder, ScaleEstimator
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
 from ..training.checkpoint import write_json
@@ -109,7 +108,7 @@ class QM9Experiment:
     prior: str = "uniform"
     sigma: float = 0.3
     potential: str = "mlp"
-    hidden: tuple[int, ...] = PRESETS["qm9"]
+    hidden: tuple[int, ...] = PAPER_WIDTHS["qm9"]
     graph_hidden: int = 32
     layers: int | None = None
     gram: str = "wishart"

@@ -7,26 +7,19 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..data.qm9 import distance_histogram, load_qm9_positional
+from ..data.point_clouds import write_xyz
+from ..data.qm9 import load_qm9_positional
+from ..metrics import distance_histogram
 from ..training import distributed as dd
+from ..training import read_metrics
 from ..training.checkpoint import write_json
-from ..training.metrics import read_metrics
 from ..viz.molecules import plot_nearest
 from . import vs_enf
 from .qm9 import PAPER, QM9Experiment, evaluate, load_molecules, load_run, run
 
 __all__ = [
-    "markdown_table", "plot_curve", "plot_figure5", "plot_histograms", "reproduce", "write_xyz",
+    "markdown_table", "plot_curve", "plot_figure5", "plot_histograms", "reproduce",
 ]  # fmt: skip
-
-
-def write_xyz(X: np.ndarray, path: str | Path, comment: str = "grassflow sample") -> None:
-    """Molecules ``(M, n, 3)`` as a multi-frame ``.xyz`` file; atoms are ``X`` (untyped)."""
-    lines = []
-    for mol in X:
-        lines += [str(len(mol)), comment]
-        lines += [f"X {x:.5f} {y:.5f} {z:.5f}" for x, y, z in mol]
-    Path(path).write_text("\n".join(lines) + "\n")
 
 
 def _train_molecules(run_dir: str | Path) -> np.ndarray:
@@ -123,7 +116,7 @@ def reproduce(
     plot_histograms(run_dir, out / "distances.png")
     result["figure5_rmsd"] = plot_figure5(run_dir, out / "figure5.png").round(3).tolist()
     (out / "table2.md").write_text(markdown_table(result))
-    write_xyz(np.load(Path(run_dir) / "samples.npy")[:10], out / "samples.xyz",
+    write_xyz(out / "samples.xyz", np.load(Path(run_dir) / "samples.npy")[:10], None,
               "grassflow QM9 sample; atom types are not modelled (X)")  # fmt: skip
     rows = None
     if summary_dir is not None:

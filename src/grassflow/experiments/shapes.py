@@ -28,8 +28,7 @@ from torch import Tensor, nn
 
 from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
 from ..data.point_clouds import load_point_clouds, write_xyz
-from ..flows import DEFAULT_LAYERS, POTENTIALS, ShapeFlow
-from ..flows.shape import GRAMS
+from ..flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow
 from ..manifolds.shape_space import shape_factor
 from ..metrics import histogram, jsd
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
@@ -40,7 +39,6 @@ from .runs import checkpoint_path, claim_run_dir, data_identity, read_preset, tr
 __all__ = [
     "MODELS", "GramTerm", "ShapeExperiment", "build_model", "evaluate", "load_clouds", "load_run",
     "load_shape_flow", "plot", "run", "sample", "split_budget", "train_shape_flow",
-    "write_xyz",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)

@@ -42,6 +42,7 @@ __all__ = [
     "TexturesExperiment",
     "build_model",
     "describe",
+    "held_out",
     "preset",
     "claim",
     "evaluate",
@@ -190,7 +191,8 @@ def build_model(exp: TexturesExperiment) -> GrCNF:
         )
 
 
-def _splits(exp: TexturesExperiment, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def held_out(exp: TexturesExperiment, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The held-out ``"val"`` and ``"test"`` draws of ``exp``'s texture (seeded), ``(N, 3, 1)``."""
     return texture_splits(exp.dataset, exp.n_val, exp.n_test, exp.data_seed, dtype=dtype)
 
 
@@ -212,7 +214,7 @@ def claim(
     The training stream is generated, so the data's identity is the hash of the held-out
     splits that the same generator draws.
     """
-    splits = _splits(exp, getattr(torch, exp.train.dtype))
+    splits = held_out(exp, getattr(torch, exp.train.dtype))
     claim_run_dir(run_dir, exp.to_dict(), data_identity(**splits), force=force, resume=resume)
     return splits
 
@@ -263,7 +265,7 @@ def evaluate(
     """
     exp, model = load_run(run_dir)
     dtype = model.prior_mean.dtype
-    test = _splits(exp, dtype)["test"]
+    test = held_out(exp, dtype)["test"]
     gen = torch.Generator().manual_seed(seed)
     logp, nfes = distributed_log_prob(model, test, batch_size, with_nfe=True)
     nll = -logp

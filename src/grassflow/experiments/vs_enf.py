@@ -34,8 +34,7 @@ import torch
 
 from ..data.overlap import distinct_rows, novel_mask
 from ..data.particle_files import missing_files, shared_data_dir
-from ..flows import DEFAULT_LAYERS, POTENTIALS, ShapeFlow
-from ..flows.shape import GRAMS
+from ..flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow
 from ..manifolds.shape_space import helmert_basis
 from ..metrics import mean_sem
 from ..training import OBJECTIVES, TrainConfig, load_checkpoint

@@ -120,10 +120,7 @@ class GrCNF(nn.Module):
         return MatrixGaussianPrior(self.manifold, self.prior_mean, self.row_cov, self.col_cov)
 
     def _prior_log_prob(self, Y: Tensor) -> Tensor:
-        prior = self.prior()
-        if isinstance(prior, UniformGrassmann):
-            return Y.new_full(Y.shape[:-2], -self.manifold.log_volume())
-        return prior._log_prob(Y)
+        return self.prior().log_prob_unchecked(Y)
 
     # --------------------------------------------------------------- dynamics
     def _dynamics(self, sign: float, exact: bool | None, Y_like: Tensor):

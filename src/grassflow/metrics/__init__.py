@@ -10,7 +10,7 @@ from .boltzmann import (
 )
 from .bonds import bond_lengths, bonds_kept, bonds_kept_fraction
 from .contacts import closest_pair_fraction
-from .histograms import histogram, jsd
+from .histograms import distance_histogram, histogram, jsd
 from .mmd import median_bandwidth, mmd2, pairwise_chordal_dist2
 from .summary import mean_sem
 
@@ -20,6 +20,7 @@ __all__ = [
     "bonds_kept",
     "bonds_kept_fraction",
     "closest_pair_fraction",
+    "distance_histogram",
     "effective_sample_size",
     "energy_w1",
     "finite_energies",

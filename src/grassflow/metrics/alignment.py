@@ -19,7 +19,8 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 __all__ = [
-    "align", "align_batch", "assign_within_labels", "label_groups", "nearest", "shape_descriptor",
+    "align", "align_batch", "as_molecule_batch", "assign_within_labels", "label_groups", "nearest",
+    "shape_descriptor",
 ]  # fmt: skip
 
 _SIGNED_PERMS = np.array(
@@ -40,7 +41,9 @@ def _as_cloud(A, name: str) -> np.ndarray:
     return a
 
 
-def _as_batch(X, name: str) -> np.ndarray:
+def as_molecule_batch(X, name: str) -> np.ndarray:
+    """``X`` as a float64 ``(M, n, 3)`` array of M molecules of n >= 2 atoms, or a
+    ``ValueError`` naming ``name``, its shape, or its non-finite values."""
     x = np.asarray(X, dtype=np.float64)
     if x.ndim != 3 or x.shape[2] != 3 or x.shape[0] < 1 or x.shape[1] < 2:
         raise ValueError(f"{name} must have shape (M, n, 3) with n >= 2, got {np.shape(X)}")
@@ -201,7 +204,7 @@ def shape_descriptor(X) -> np.ndarray:
     Returns:
         shape=[M, 3 + n], float64.
     """
-    X = _as_batch(X, "X")
+    X = as_molecule_batch(X, "X")
     X = X - X.mean(1, keepdims=True)
     sv = np.linalg.svd(X, compute_uv=False)
     return np.concatenate([sv, np.sort(np.linalg.norm(X, axis=-1), 1)], 1)
@@ -234,7 +237,7 @@ def nearest(
         ``idx``: int64 shape=[M, k] rows of ``T``, nearest first; ``rmsd``: float64
         shape=[M, k], the aligned RMSDs (Å).
     """
-    X, T = _as_batch(X, "X"), _as_batch(T, "T")
+    X, T = as_molecule_batch(X, "X"), as_molecule_batch(T, "T")
     if X.shape[1] != T.shape[1]:
         raise ValueError(f"X and T need the same atom count, got {X.shape} and {T.shape}")
     candidates = min(candidates, len(T))

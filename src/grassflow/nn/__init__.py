@@ -4,13 +4,13 @@ divergence (:mod:`.jet`), the EGNN and the horizontal field it gives on the span
 (:class:`PointCloudField`), and the Gram density."""
 
 from .egnn import EGNNField
-from .field import LAPLACIANS, PRESETS, GrassmannField, Potential
+from .field import LAPLACIANS, PAPER_WIDTHS, GrassmannField, Potential
 from .graph import GraphPotential, PointGraph
 from .horizontal import PointCloudField
 from .jet import Jet
 from .layers import ConcatSquash, HorP, scale_init_
 
 __all__ = [
-    "LAPLACIANS", "PRESETS", "ConcatSquash", "EGNNField", "GrassmannField", "GraphPotential",
+    "LAPLACIANS", "PAPER_WIDTHS", "ConcatSquash", "EGNNField", "GrassmannField", "GraphPotential",
     "HorP", "Jet", "PointCloudField", "PointGraph", "Potential", "scale_init_",
 ]  # fmt: skip

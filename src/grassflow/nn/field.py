@@ -13,12 +13,12 @@ from . import jet
 from .jet import Jet
 from .layers import ConcatSquash, HorP
 
-__all__ = ["LAPLACIANS", "PRESETS", "GrassmannField", "Potential"]
+__all__ = ["LAPLACIANS", "PAPER_WIDTHS", "GrassmannField", "Potential"]
 
 LAPLACIANS = ("auto", "forward", "hvp", "loop")
 
 # hidden widths of the ConcatSquash stack (the final width-1 layer is implicit), paper Tables 3-4
-PRESETS: dict[str, tuple[int, ...]] = {
+PAPER_WIDTHS: dict[str, tuple[int, ...]] = {
     "textures": (64, 64),
     "dw4": (64, 64, 64),
     "lj13": (32, 32, 32),
@@ -120,9 +120,9 @@ class GrassmannField(nn.Module):
 
     @classmethod
     def from_preset(cls, D: int, k: int, preset: str = "textures", **kwargs) -> GrassmannField:
-        if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
-        return cls(Potential(D, k, PRESETS[preset], **kwargs))
+        if preset not in PAPER_WIDTHS:
+            raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PAPER_WIDTHS)}")
+        return cls(Potential(D, k, PAPER_WIDTHS[preset], **kwargs))
 
     def forward(self, t: Tensor, Y: Tensor) -> Tensor:
         """``t``: scalar tensor; ``Y: (..., D, k)`` -> ``X: (..., D, k)``."""

@@ -49,7 +49,8 @@ import torch
 from torch import Tensor
 
 from ..manifolds import Grassmann
-from .rkmk import _A, _B, _C, _E, Dynamics, _time, adaptive_dopri5
+from .dopri5 import A, B, C, Dynamics, E, stage_time
+from .rkmk import adaptive_dopri5
 
 __all__ = ["inv_retr_jacobian", "kron", "solve_kronecker", "vec"]
 
@@ -125,19 +126,19 @@ def _step(dynamics: Dynamics, gr: Grassmann, t: float, t_end: float, h: float, Y
     eye = torch.eye(Y.shape[-1], dtype=Y.dtype, device=Y.device)
     ks, rs = [_rates(Y, Y, torch.zeros_like(eye), eye, X)], [r]
     for i in range(1, 7):
-        xi = h * sum(c * kx for c, (kx, _) in zip(_A[i], ks) if c != 0.0)
-        rho = h * sum(c * kr for c, (_, kr) in zip(_A[i], ks) if c != 0.0)
+        xi = h * sum(c * kx for c, (kx, _) in zip(A[i], ks) if c != 0.0)
+        rho = h * sum(c * kr for c, (_, kr) in zip(A[i], ks) if c != 0.0)
         Z, Rot = gr.retr(Y, xi), _cay(rho)
-        Xi, ri = dynamics(_time(t_end if _C[i] == 1.0 else t + _C[i] * h, Y), Z @ Rot)
+        Xi, ri = dynamics(stage_time(t_end if C[i] == 1.0 else t + C[i] * h, Y), Z @ Rot)
         ks.append(_rates(Y, Z, rho, Rot, Xi))  # the 7th only enters the error estimate
         rs.append(ri)
     Y_new = Z @ Rot  # row 7 of A is B: the last stage is the 5th-order solution
-    a_new = a + h * sum(b * rj for b, rj in zip(_B, rs) if b != 0.0)
+    a_new = a + h * sum(b * rj for b, rj in zip(B, rs) if b != 0.0)
     with torch.no_grad():
-        err_xi = h * sum(e * kx for e, (kx, _) in zip(_E, ks) if e != 0.0)
-        err_rho = h * sum(e * kr for e, (_, kr) in zip(_E, ks) if e != 0.0)
+        err_xi = h * sum(e * kx for e, (kx, _) in zip(E, ks) if e != 0.0)
+        err_rho = h * sum(e * kr for e, (_, kr) in zip(E, ks) if e != 0.0)
         err_Y = err_xi + Y @ err_rho
-        err_a = h * sum(e * rj for e, rj in zip(_E, rs) if e != 0.0)
+        err_a = h * sum(e * rj for e, rj in zip(E, rs) if e != 0.0)
     return Y_new, a_new, Xi, ri, err_Y, err_a
 
 

@@ -29,28 +29,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["cayley_lowrank", "solve_cayley_rkmk"]
+from .dopri5 import MAX_FACTOR, MIN_FACTOR, ORDER, SAFETY, A, B, C, Dynamics, E, stage_time
 
-Dynamics = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
-
-# Dormand-Prince 5(4). Row 7 of A equals the 5th-order weights B (first same as last), so the
-# 7th stage is the new point and its evaluation is reused as stage 1 of the next step.
-_C = (0.0, 1 / 5, 3 / 10, 4 / 5, 8 / 9, 1.0, 1.0)
-_A = (
-    (),
-    (1 / 5,),
-    (3 / 40, 9 / 40),
-    (44 / 45, -56 / 15, 32 / 9),
-    (19372 / 6561, -25360 / 2187, 64448 / 6561, -212 / 729),
-    (9017 / 3168, -355 / 33, 46732 / 5247, 49 / 176, -5103 / 18656),
-    (35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84),
-)
-_B = _A[6] + (0.0,)
-# B minus the 4th-order weights, written exactly rather than subtracted in floating point
-_E = (71 / 57600, 0.0, -71 / 16695, 71 / 1920, -17253 / 339200, 22 / 525, -1 / 40)
-_ORDER = 5
-_SAFETY, _MIN_FACTOR, _MAX_FACTOR = 0.9, 0.2, 10.0
-
+__all__ = ["adaptive_dopri5", "cayley_lowrank", "solve_cayley_rkmk"]
 
 def cayley_lowrank(U: Tensor, V: Tensor, Y: Tensor) -> Tensor:
     """``cay(S) Y = (I - S/2)^{-1} (I + S/2) Y`` for ``S = U V^T``, without D x D matrices.
@@ -92,10 +73,6 @@ def _lowrank(h: float, coeffs: tuple[float, ...], Ws: list[Tensor]) -> tuple[Ten
     return U, V
 
 
-def _time(t: float, like: Tensor) -> Tensor:
-    return torch.tensor(t, dtype=like.dtype, device=like.device)
-
-
 def _rms(x: Tensor) -> Tensor:
     return x.square().mean().sqrt()
 
@@ -114,18 +91,18 @@ def _step(dynamics: Dynamics, t: float, t_end: float, h: float, Y, a, X, r):
     """
     Ws, rs = [torch.cat([Y, X], dim=-1)], [r]
     for i in range(1, 7):
-        U, V = _lowrank(h, _A[i], Ws)
+        U, V = _lowrank(h, A[i], Ws)
         Yi = cayley_lowrank(U, V, Y)
         # c_i = 1 hits t_end exactly, so the final step never evaluates past t1
-        Xi, ri = dynamics(_time(t_end if _C[i] == 1.0 else t + _C[i] * h, Y), Yi)
+        Xi, ri = dynamics(stage_time(t_end if C[i] == 1.0 else t + C[i] * h, Y), Yi)
         Wi = torch.cat([Yi, Xi], dim=-1)
         Ws.append(Wi - 0.5 * (U @ (V.mT @ Wi)))
         rs.append(ri)
-    a_new = a + h * sum(b * rj for b, rj in zip(_B, rs, strict=True) if b != 0.0)
+    a_new = a + h * sum(b * rj for b, rj in zip(B, rs, strict=True) if b != 0.0)
     with torch.no_grad():
-        Ue, Ve = _lowrank(h, _E, Ws)
+        Ue, Ve = _lowrank(h, E, Ws)
         err_Y = Ue @ (Ve.mT @ Y)
-        err_a = h * sum(e * rj for e, rj in zip(_E, rs, strict=True) if e != 0.0)
+        err_a = h * sum(e * rj for e, rj in zip(E, rs, strict=True) if e != 0.0)
     return Yi, a_new, Xi, ri, err_Y, err_a
 
 
@@ -146,14 +123,14 @@ def _initial_step(dynamics: Dynamics, t0: float, t1: float, Y, a, X, r, atol, rt
     h0 = min(h0, span)
     W = torch.cat([Y, X], dim=-1)
     Y1 = cayley_lowrank(sign * h0 * _swap(W), W, Y)
-    X1, r1 = dynamics(_time(t0 + sign * h0, Y), Y1)
+    X1, r1 = dynamics(stage_time(t0 + sign * h0, Y), Y1)
     d2 = norm(X1.detach() - X, r1.detach() - r) / h0
     if not math.isfinite(d2):
         return h0
     if max(d1, d2) <= 1e-15:
         h1 = max(1e-6, 1e-3 * h0)
     else:
-        h1 = (0.01 / max(d1, d2)) ** (1.0 / _ORDER)
+        h1 = (0.01 / max(d1, d2)) ** (1.0 / ORDER)
     return min(100.0 * h0, h1, span)
 
 
@@ -184,7 +161,7 @@ def adaptive_dopri5(
     stats = {"nfe": 0, "steps": 0, "rejected": 0}
     if t0 == t1:
         return Y0, a0, stats
-    X, r = dynamics(_time(t0, Y0), Y0)
+    X, r = dynamics(stage_time(t0, Y0), Y0)
     stats["nfe"] += 1
     batch = Y0.shape[:-2]
     if tuple(X.shape) != tuple(Y0.shape) or tuple(r.shape) != tuple(batch):
@@ -225,11 +202,11 @@ def adaptive_dopri5(
         if ratio <= 1.0:
             t, Y, a, X, r = t_end, Y_new, a_new, X_new, r_new
             stats["steps"] += 1
-            factor = _MAX_FACTOR if ratio == 0.0 else _SAFETY * ratio ** (-1.0 / _ORDER)
+            factor = MAX_FACTOR if ratio == 0.0 else SAFETY * ratio ** (-1.0 / ORDER)
         else:
             stats["rejected"] += 1
-            factor = _MIN_FACTOR if last_nonfinite else _SAFETY * ratio ** (-1.0 / _ORDER)
-        h = abs(h_signed) * min(_MAX_FACTOR, max(_MIN_FACTOR, factor))
+            factor = MIN_FACTOR if last_nonfinite else SAFETY * ratio ** (-1.0 / ORDER)
+        h = abs(h_signed) * min(MAX_FACTOR, max(MIN_FACTOR, factor))
     return Y, a, stats
 
 

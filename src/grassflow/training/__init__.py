@@ -19,7 +19,7 @@ from .checkpoint import CheckpointError, atomic_save, load_checkpoint
 from .config import PAPER_TEXTURES, TRAJECTORY_FIELDS, TrainConfig, resolve_device, resolve_dtype
 from .flow_matching import COUPLINGS, flow_matching_objective, ot_pairing
 from .loop import train
-from .metrics import read_metrics
+from .metrics_log import read_metrics
 from .objectives import OBJECTIVES, Objective, mean_nll, nll_objective
 from .parallel_eval import (
     distributed_log_prob,

@@ -24,7 +24,7 @@ from .batches import Sampler, check_points, make_batches, model_manifold
 from .checkpoint import atomic_save, write_json
 from .clock import Stopwatch
 from .config import TrainConfig, resolve_device, resolve_dtype
-from .metrics import MetricsLog, make_record
+from .metrics_log import MetricsLog, make_record
 from .objectives import Objective, nll_objective
 from .parallel_eval import distributed_mean_nll
 from .result import TrainingDiverged, TrainResult

@@ -17,11 +17,11 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from .sphere import (
-    _CELL,
-    _DPI,
+    DPI,
+    PANEL_INCHES,
     LogProbFn,
-    _draw_density,
-    _eval_density,
+    draw_density,
+    eval_density,
     plot_density,
     plot_points,
     sphere_grid,
@@ -32,7 +32,7 @@ __all__ = ["SphereColumn", "figure_antipodal", "figure_prior_views", "figure_tex
 
 def _save(fig: Figure, path: str | os.PathLike) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
 
 
 def figure_prior_views(
@@ -64,11 +64,11 @@ def figure_prior_views(
     """
     # the density does not depend on the view: evaluate once, draw every panel from it
     g = sphere_grid(*n)
-    dens = _eval_density(log_prob_fn, g, chunk, dtype or torch.get_default_dtype(), device)
-    fig = Figure(figsize=(_CELL * len(azims), _CELL))
+    dens = eval_density(log_prob_fn, g, chunk, dtype or torch.get_default_dtype(), device)
+    fig = Figure(figsize=(PANEL_INCHES * len(azims), PANEL_INCHES))
     for i, a in enumerate(azims):
         ax = fig.add_subplot(1, len(azims), i + 1, projection="3d")
-        _draw_density(ax, g, dens, elev, base_azim - a, cmap, None)
+        draw_density(ax, g, dens, elev, base_azim - a, cmap, None)
         ax.set_title(f"{a:g}°", fontsize=9)
     _save(fig, path)
 
@@ -121,7 +121,7 @@ def figure_textures(
     rows = [(key, label) for key, label in _ROWS if any(getattr(c, key) is not None for c in cols)]
     if not rows:
         raise ValueError("no column has data, generated or log_prob_fn")
-    fig = Figure(figsize=(_CELL * len(cols), _CELL * len(rows)))
+    fig = Figure(figsize=(PANEL_INCHES * len(cols), PANEL_INCHES * len(rows)))
     for r, (key, label) in enumerate(rows):
         for j, col in enumerate(cols):
             ax = fig.add_subplot(len(rows), len(cols), r * len(cols) + j + 1, projection="3d")
@@ -163,7 +163,7 @@ def figure_antipodal(
     """
     panels = [("Prior (antipodal)", neg_prior, "0.3")]
     panels += [(title, Y, "C3") for title, Y in generated.items()]
-    fig = Figure(figsize=(_CELL * len(panels), _CELL))
+    fig = Figure(figsize=(PANEL_INCHES * len(panels), PANEL_INCHES))
     for i, (title, Y, color) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1, projection="3d")
         plot_points(ax, Y, antipodal=False, color=color, s=s, elev=elev, azim=azim)

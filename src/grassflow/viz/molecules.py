@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from mpl_toolkits.mplot3d.art3d import Line3DCollection
 
-from ..metrics.alignment import _as_batch, align, nearest
+from ..metrics.alignment import align, as_molecule_batch, nearest
 
 __all__ = ["plot_nearest", "plot_side_by_side"]
 
@@ -80,7 +80,7 @@ def plot_nearest(
     Returns:
         ``idx``: int64 shape=[n], the training rows drawn; ``rmsd``: float64 shape=[n] (Å).
     """
-    X, T = _as_batch(X, "X"), _as_batch(T, "T")
+    X, T = as_molecule_batch(X, "X"), as_molecule_batch(T, "T")
     if not 1 <= n <= len(X):
         raise ValueError(f"need 1 <= n <= len(X) = {len(X)}, got n={n}")
     if charges is not None and np.shape(charges) != T.shape[:2]:
@@ -137,7 +137,7 @@ def plot_side_by_side(
     Returns:
         Model name -> clash fraction over all its samples.
     """
-    batches = {name: _as_batch(X, name) for name, X in samples.items()}
+    batches = {name: as_molecule_batch(X, name) for name, X in samples.items()}
     if not batches or min(len(X) for X in batches.values()) < n:
         raise ValueError(f"every model needs at least n = {n} samples")
     fig = Figure(figsize=(len(batches) * _CELL, n * _CELL))

@@ -23,8 +23,8 @@ from torch import Tensor
 __all__ = ["plot_density", "plot_points", "sphere_grid"]
 
 LogProbFn = Callable[[Tensor], Tensor]
-_CELL = 2.2  # inches per sphere panel
-_DPI = 120
+PANEL_INCHES = 2.2  # inches per sphere panel
+DPI = 120
 
 
 def sphere_grid(n_lat: int = 60, n_lon: int = 120) -> np.ndarray:
@@ -108,7 +108,7 @@ def plot_points(
 
 
 @torch.no_grad()
-def _eval_density(
+def eval_density(
     log_prob_fn: LogProbFn, pts: np.ndarray, chunk: int, dtype: torch.dtype, device
 ) -> np.ndarray:
     flat = torch.as_tensor(pts.reshape(-1, 3), dtype=dtype, device=device).unsqueeze(-1)
@@ -155,12 +155,12 @@ def plot_density(
         The density on the grid, ``(n_lat, n_lon)``.
     """
     g = sphere_grid(*n)
-    dens = _eval_density(log_prob_fn, g, chunk, dtype or torch.get_default_dtype(), device)
-    _draw_density(ax, g, dens, elev, azim, cmap, vmax)
+    dens = eval_density(log_prob_fn, g, chunk, dtype or torch.get_default_dtype(), device)
+    draw_density(ax, g, dens, elev, azim, cmap, vmax)
     return dens
 
 
-def _draw_density(
+def draw_density(
     ax, g: np.ndarray, dens: np.ndarray, elev: float, azim: float, cmap: str, vmax: float | None
 ) -> None:
     top = float(dens.max()) if vmax is None else float(vmax)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from ..distributions.cartesian import log_jacobian_gram, random_orthogonal
 from ..manifolds import Grassmann
 from ..manifolds.shape_space import helmert_basis, shape_factor
-from ..nn import PRESETS, EGNNField, GrassmannField, PointCloudField, Potential
+from ..nn import PAPER_WIDTHS, EGNNField, GrassmannField, PointCloudField, Potential
 from ..nn.gram import DistanceGram, WishartGram
 from ..nn.graph import GraphPotential
 from .grcnf import GrCNF
@@ -103,7 +103,7 @@ class ShapeFlow(nn.Module):
                                     n_points)  # fmt: skip
         else:
             field = GrassmannField(
-                Potential(D, k, PRESETS["lj13"] if hidden is None else tuple(hidden))
+                Potential(D, k, PAPER_WIDTHS["lj13"] if hidden is None else tuple(hidden))
             )
         self.flow = GrCNF(
             Grassmann(k, D), field, prior=prior, prior_mean=torch.eye(D, k),
