@@ -1,6 +1,6 @@
 """How many test configurations also occur in training or validation: DW4, LJ13, QM9 positional.
 
-DW4 and LJ13 are split as :data:`grassflow.experiments.vs_enf.ENF_SPLITS` (the Klein et al.
+DW4 and LJ13 are split as :data:`grassflow_paper.vs_enf.ENF_SPLITS` (the Klein et al.
 2023 files in ``../shared/data/alt_klein2023_from_DEM``), loaded by ``load_enf_splits``;
 QM9 positional is E-NF's split of the 19-atom molecules, centred, as
 :func:`grassflow.data.qm9.load_qm9_positional` loads it. Two comparisons
@@ -28,7 +28,7 @@ import numpy as np
 from grassflow.data.overlap import deduplicate, invariant_match_mask, overlap_report
 from grassflow.data.particle_files import shared_data_dir
 from grassflow.data.qm9 import load_qm9_positional
-from grassflow.experiments.vs_enf import ENF_SPLITS, KLEIN_DIR, SHAPES, load_enf_splits
+from grassflow_paper.vs_enf import ENF_SPLITS, KLEIN_DIR, SHAPES, load_enf_splits
 
 COMMAND = "PYTHONPATH=src python benchmarks/data_overlap.py"
 N_TRAIN = {"dw4": (1000, 10_000, 100_000), "lj13": (10, 100, 1000)}  # LJ13 adds its maximum
@@ -97,7 +97,7 @@ def markdown(result: dict) -> str:
         "",
         f"Command (from the repository root): `{COMMAND}`",
         "",
-        "Splits: DW4 and LJ13 as `ENF_SPLITS` in `grassflow.experiments.vs_enf` (Klein et al. "
+        "Splits: DW4 and LJ13 as `ENF_SPLITS` in `grassflow_paper.vs_enf` (Klein et al. "
         "2023 files, `../shared/data/alt_klein2023_from_DEM`); QM9 positional as "
         "`grassflow.data.qm9.load_qm9_positional` (E-NF's split, 19-atom molecules, centred "
         "positions; equal raw positions give equal centred ones, so no centred repeat means no "

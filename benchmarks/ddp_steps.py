@@ -24,8 +24,13 @@ from pathlib import Path
 def worker(args) -> None:
     import torch
 
-    from grassflow.experiments.textures import TexturesExperiment, build_model, texture_stream
-    from grassflow.training import OBJECTIVES, PAPER_TEXTURES, train
+    from grassflow.tasks.texture_runs import (
+        PAPER_TEXTURES,
+        TexturesExperiment,
+        build_model,
+        texture_stream,
+    )
+    from grassflow.training import OBJECTIVES, train
     from grassflow.training import distributed as dd
 
     torch.set_num_threads(1)

@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from grassflow.experiments import vs_enf
 from grassflow.flows import ShapeFlow
+from grassflow_paper import vs_enf
 
 
 def kde_nll(x: torch.Tensor, centres: torch.Tensor, kappa: float) -> float:

@@ -18,11 +18,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-from grassflow.experiments import efm
-from grassflow.experiments.runs import training_status
-from grassflow.experiments.vs_enf import load_enf_splits
+from grassflow.tasks.run_dir import training_status
 from grassflow.training import load_checkpoint
 from grassflow.training.threads import set_threads
+from grassflow_paper import efm
+from grassflow_paper.vs_enf import load_enf_splits
 
 VARIANTS = {  # name -> changes from EFMExperiment's defaults
     "EFM's settings": {},

@@ -24,12 +24,11 @@ from pathlib import Path
 
 import torch
 
-from grassflow.experiments.shapes import GramTerm
-from grassflow.experiments.vs_enf import SHAPES, load_enf_splits
 from grassflow.flows import ShapeFlow
-from grassflow.training import TrainConfig, load_checkpoint, train
+from grassflow.training import GramTerm, TrainConfig, load_checkpoint, train
 from grassflow.training.rng import seeded_init
 from grassflow.training.threads import set_threads
+from grassflow_paper.vs_enf import SHAPES, load_enf_splits
 
 SETTINGS = {  # name -> (family, components, hidden, layers)
     "4 Wisharts, 32 x 1 (ShapeFlow's)": ("wishart", 4, 32, 1),

@@ -19,10 +19,10 @@ import argparse
 import json
 from pathlib import Path
 
-from grassflow.experiments import vs_enf
-from grassflow.experiments.runs import training_status
+from grassflow.tasks.run_dir import training_status
 from grassflow.training import load_checkpoint
 from grassflow.training.threads import set_threads
+from grassflow_paper import vs_enf
 
 SETTINGS = {"graph 32 x 2 (ShapeFlow's)": ("graph", 32, 2), "graph 64 x 3": ("graph", 64, 3),
             "graph 128 x 4": ("graph", 128, 4),

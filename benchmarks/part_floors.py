@@ -15,7 +15,7 @@ a k(k+1)/2-dimensional integral, estimated per test cloud by importance sampling
 log-normal around the cloud's own S (:func:`~grassflow.distributions.spd.spd_lognormal_sample`)
 at two proposal widths; they must agree. Z is not needed for the Gram floor; with ``log Z``
 from a run's ``boltzmann.json`` (``--boltzmann``: the importance weights of a trained model,
-:func:`grassflow.experiments.boltzmann.evaluate`), the Grassmann floor is the rest:
+:func:`grassflow_paper.boltzmann_report.evaluate`), the Grassmann floor is the rest:
 ``floor_total - J - gram_floor``. Results go to ``results/part_floors.{json,md}``.
 """
 
@@ -31,9 +31,9 @@ import torch
 from grassflow.data.particles import dw4_energy, lj13_energy
 from grassflow.distributions.cartesian import log_jacobian_gram
 from grassflow.distributions.spd import spd_lognormal_log_prob, spd_lognormal_sample
-from grassflow.experiments.vs_enf import SHAPES, load_enf_splits
 from grassflow.manifolds.shape_space import helmert_basis, shape_factor
 from grassflow.metrics.boltzmann import effective_sample_size
+from grassflow_paper.vs_enf import SHAPES, load_enf_splits
 
 ENERGIES = {"dw4": dw4_energy, "lj13": lj13_energy}
 

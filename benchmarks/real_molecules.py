@@ -20,7 +20,7 @@ For each molecule (``--molecules``; n-butane 14 atoms, glycerol 14, alanine dipe
 hydrogens explicit) ``--n-conformers`` MMFF94 conformers at 300 K are generated
 (:func:`grassflow.data.conformers.conformer_ensemble`, cached as ``RUNS/data/*.npz``), then
 each model (``--models``) is trained as ``grassflow train --data FILE --model M`` trains it
-(:func:`grassflow.experiments.shapes.run`: the same preset, split and training), except that
+(:func:`grassflow.tasks.shape_runs.run`: the same preset, split and training), except that
 ``--minutes`` is a total CPU budget of the run (a ShapeFlow's Gram density gets 10 % of it, at
 most 1 min), so a rerun continues an interrupted run instead of training it longer. One
 thread; each run in ``RUNS/<molecule>/<model>``. Both models get the atoms' elements as point
@@ -51,9 +51,9 @@ import numpy as np
 import torch
 
 from grassflow.data.conformers import cached_ensemble
-from grassflow.experiments import shapes
-from grassflow.experiments.runs import training_status
 from grassflow.metrics import bond_lengths, bonds_kept_fraction, closest_pair_fraction, mean_sem
+from grassflow.tasks import shape_runs as shapes
+from grassflow.tasks.run_dir import training_status
 from grassflow.training.threads import set_threads
 
 MOLECULES = {"butane": "CCCC", "glycerol": "OCC(O)CO",

@@ -40,7 +40,7 @@ KLEIN = {"dw4": ("train_split_DW4.npy", "val_split_DW4.npy", "test_split_DW4.npy
 def clouds(system: str) -> dict[str, torch.Tensor]:
     """Train / val / test clouds ``(N, n, d)``, float64."""
     if system == "qm9":
-        from grassflow.experiments.qm9 import load_molecules
+        from grassflow_paper.qm9_runs import load_molecules
 
         X = load_molecules("data")
         return {"train": X["train"], "val": X["valid"], "test": X["test"]}

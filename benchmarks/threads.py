@@ -45,13 +45,14 @@ def _worker(model_name: str, threads: str, seconds: float) -> dict:
     torch.manual_seed(0)
     if model_name == "demo":
         from grassflow.data.textures import sample_texture
-        from grassflow.experiments import textures as tx
+        from grassflow.tasks import texture_runs as tx
 
         exp = tx.DEMO
         model = tx.build_model(exp)
         batch = sample_texture(exp.dataset, exp.train.batch_size, seed=0)
     else:
-        from grassflow.experiments import qm9, vs_enf
+        from grassflow_paper import qm9_runs as qm9
+        from grassflow_paper import vs_enf
 
         if model_name == "lj13":
             shape = vs_enf.build_model(vs_enf.ENFExperiment(system="lj13"))

@@ -19,59 +19,61 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# name -> (file under src/grassflow, text, replacement, test files)
+# name -> (file under src/, text, replacement, test files)
 MUTATIONS = {
     "gram: no initial scale spread between mixture components": (
-        "nn/gram.py",
+        "grassflow/nn/gram.py",
         "spread = torch.linspace(-1.0, 1.0, self.components) if self.components > 1 else 0.0",
         "spread = 0.0", ["tests/test_graph.py"]),
     "shapes: training split includes the test clouds": (
-        "experiments/shapes.py", '"train": X[perm[n_test + n_val:]]', '"train": X[perm]',
+        "grassflow/tasks/shape_runs.py", '"train": X[perm[n_test + n_val:]]', '"train": X[perm]',
         ["tests/test_shapes_splits.py"]),
     "shapes: flow validated on training clouds": (
-        "experiments/shapes.py", "Y_val = model.factor(val_clouds[:n_val_flow])[0]",
+        "grassflow/training/shape_fit.py", "Y_val = model.factor(val_clouds[:n_val_flow])[0]",
         "Y_val = model.factor(train_clouds[:n_val_flow])[0]", ["tests/test_shapes_splits.py"]),
     "shapes: gram.initialize removed": (
-        "experiments/shapes.py", "    model.gram.initialize(S_train, Y_train)\n", "",
+        "grassflow/training/shape_fit.py", "    model.gram.initialize(S_train, Y_train)\n", "",
         ["tests/test_shapes_splits.py"]),
     "shapes: SEM as std/N": (
-        "experiments/shapes.py", 'terms["log_prob"].std() / len(test) ** 0.5',
+        "grassflow/tasks/shape_runs.py", 'terms["log_prob"].std() / len(test) ** 0.5',
         'terms["log_prob"].std() / len(test)', ["tests/test_shapes_splits.py"]),
     "vs_enf: eval cache all -> any": (
-        "experiments/vs_enf.py", 'old.get("test_hash") == test_hash and all(',
+        "grassflow_paper/vs_enf.py", 'old.get("test_hash") == test_hash and all(',
         'old.get("test_hash") == test_hash and any(', ["tests/test_vs_enf.py"]),
     "ShapeFlow: n instead of n - 1 in the Jacobian": (
-        "flows/shape.py", "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points - 1)",
+        "grassflow/flows/shape_flow.py", "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points - 1)",
         "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points)", ["tests/test_shape_flow.py"]),
     "ShapeFlow: Jacobian subtracted": (
-        "flows/shape.py", '"log_prob": log_gr + log_s + jac', '"log_prob": log_gr + log_s - jac',
+        "grassflow/flows/shape_flow.py", '"log_prob": log_gr + log_s + jac',
+        '"log_prob": log_gr + log_s - jac',
         ["tests/test_shape_flow.py"]),
     "ShapeFlow: eigenvalues of S reversed relative to Y": (
-        "flows/shape.py", "return Y, torch.diag_embed(lam)",
+        "grassflow/flows/shape_flow.py", "return Y, torch.diag_embed(lam)",
         "return Y, torch.diag_embed(lam.flip(-1))", ["tests/test_shape_flow.py"]),
     "ShapeFlow: no Haar rotation in sampling": (
-        "flows/shape.py", "(Y @ torch.linalg.cholesky(S) @ R)", "(Y @ torch.linalg.cholesky(S))",
+        "grassflow/flows/shape_flow.py", "(Y @ torch.linalg.cholesky(S) @ R)",
+        "(Y @ torch.linalg.cholesky(S))",
         ["tests/test_shape_flow.py"]),
     "ShapeFlow: wrong sign of the log det S term": (
-        "distributions/cartesian.py", "return const - 0.5 * (n - k - 1) * torch.log(lam)",
+        "grassflow/distributions/cartesian.py", "return const - 0.5 * (n - k - 1) * torch.log(lam)",
         "return const + 0.5 * (n - k - 1) * torch.log(lam)", ["tests/test_shape_flow.py"]),
     "ShapeFlow: density 1 % too high everywhere": (
-        "flows/shape.py", '"log_prob": log_gr + log_s + jac}',
+        "grassflow/flows/shape_flow.py", '"log_prob": log_gr + log_s + jac}',
         '"log_prob": log_gr + log_s + jac + 0.01}', ["tests/test_shape_flow.py"]),
     "GrCNF: density 1 % too high everywhere": (
-        "flows/grcnf.py", "return self._prior_log_prob(Y0) + a0",
+        "grassflow/flows/grcnf.py", "return self._prior_log_prob(Y0) + a0",
         "return self._prior_log_prob(Y0) + a0 + 0.01", ["tests/test_flows.py"]),
     "EquivariantCNF: divergence subtracted": (
-        "baselines/equivariant_cnf.py", "out.append(self.prior_log_prob(z0) + a)",
-        "out.append(self.prior_log_prob(z0) - a)", ["tests/test_equivariant_cnf.py"]),
+        "grassflow/baselines/equivariant_cnf.py", "lp = self.prior_log_prob(z0) + a  #",
+        "lp = self.prior_log_prob(z0) - a  #", ["tests/test_equivariant_cnf.py"]),
     "EquivariantCNF: prior normalized over n d dimensions": (
-        "baselines/equivariant_cnf.py", "return -0.5 * self.event_dim * torch.log(",
+        "grassflow/baselines/equivariant_cnf.py", "return -0.5 * self.event_dim * torch.log(",
         "return -0.5 * self.n_points * self.dim * torch.log(", ["tests/test_equivariant_cnf.py"]),
     "EquivariantCNF: density 1 % too high everywhere": (
-        "baselines/equivariant_cnf.py", "out.append(self.prior_log_prob(z0) + a)",
-        "out.append(self.prior_log_prob(z0) + a + 0.01)", ["tests/test_equivariant_cnf.py"]),
+        "grassflow/baselines/equivariant_cnf.py", "lp = self.prior_log_prob(z0) + a  #",
+        "lp = self.prior_log_prob(z0) + a + 0.01  #", ["tests/test_equivariant_cnf.py"]),
     "EquivariantCNF: half the divergence (a missing direction class)": (
-        "baselines/equivariant_cnf.py", "div = (Jv * basis).sum(dim=(0, -2, -1))",
+        "grassflow/baselines/equivariant_cnf.py", "div = (Jv * basis).sum(dim=(0, -2, -1))",
         "div = (Jv * basis)[::2].sum(dim=(0, -2, -1))", ["tests/test_equivariant_cnf.py"]),
 }  # fmt: skip
 
@@ -79,7 +81,7 @@ MUTATIONS = {
 def run(name: str, workdir: Path) -> list[str]:
     """Apply mutation ``name`` in ``workdir`` (a copy), run its quick tests; failed tests."""
     path, old, new, tests = MUTATIONS[name]
-    target = workdir / "src" / "grassflow" / path
+    target = workdir / "src" / path
     text = target.read_text()
     if text.count(old) != 1:
         raise RuntimeError(f"{name}: the text to mutate is not found once in {path}")

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from grassflow.cli import main
-from grassflow.experiments import shapes, vs_enf
-from grassflow.experiments.runs import training_status
+from grassflow.tasks import shape_runs as shapes
+from grassflow.tasks.run_dir import training_status
+from grassflow_paper import vs_enf
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -7,10 +7,10 @@ import torch
 
 import grassflow.cli as cli
 from grassflow.cli import main
-from grassflow.experiments.fm_vs_mle import _summary, markdown_table
-from grassflow.experiments.runs import training_status
 from grassflow.manifolds import orthonormality_error
+from grassflow.tasks.run_dir import training_status
 from grassflow.training import distributed as dd
+from grassflow_paper.fm_vs_mle import _summary, markdown_table
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -216,7 +216,7 @@ def test_internal_errors_keep_their_traceback_and_shut_down(monkeypatch, shutdow
     def broken(args):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(cli, "cmd_eval", broken)
+    monkeypatch.setattr(cli.run_commands, "cmd_eval", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["eval", "anywhere"])
     assert shutdowns == [1]
@@ -226,14 +226,14 @@ def test_success_and_divergence_shut_down(monkeypatch, capsys, shutdowns):
     # catches: the shutdown run only on some exit paths; a diverged run not exit code 3
     from grassflow.training import TrainingDiverged
 
-    monkeypatch.setattr(cli, "cmd_eval", lambda args: print("fine"))
+    monkeypatch.setattr(cli.run_commands, "cmd_eval", lambda args: print("fine"))
     assert main(["eval", "anywhere"]) == 0
     assert shutdowns == [1]
 
     def diverge(args):
         raise TrainingDiverged("loss is nan at iteration 7", result=None)
 
-    monkeypatch.setattr(cli, "cmd_eval", diverge)
+    monkeypatch.setattr(cli.run_commands, "cmd_eval", diverge)
     assert main(["eval", "anywhere"]) == 3
     err = capsys.readouterr().err
     assert "training diverged: loss is nan at iteration 7" in err and "Traceback" not in err
@@ -242,7 +242,7 @@ def test_success_and_divergence_shut_down(monkeypatch, capsys, shutdowns):
 
 def test_reproduce_table2_options_reach_the_preset(tmp_path, monkeypatch, capsys):
     # catches: --potential (or a budget) parsed but not passed on to the QM9 preset
-    from grassflow.experiments import qm9_report
+    from grassflow_paper import qm9_report
 
     seen = {}
 
@@ -265,7 +265,7 @@ def test_reproduce_table2_options_reach_the_preset(tmp_path, monkeypatch, capsys
     with pytest.raises(SystemExit):
         main(["reproduce", "table2", "--potential", "transformer"])
     # catches: the EGNN field's options dropped, and a row's command that rebuilds another run
-    from grassflow.experiments.vs_enf import table2_command
+    from grassflow_paper.vs_enf import table2_command
 
     args = ["reproduce", "table2", "--potential", "egnn", "--gram", "distance",
             "--gram-components", "2", "--n-val", "50", "--val-every-minutes", "3", "--n-test",
@@ -285,7 +285,7 @@ def test_threads_option(monkeypatch, capsys):
     from grassflow.training.threads import THREADS_ENV, resolve_threads
 
     seen = []
-    monkeypatch.setattr("grassflow.cli.cmd_data_compare",
+    monkeypatch.setattr("grassflow.cli.data_commands.cmd_data_compare",
                         lambda args: seen.append(torch.get_num_threads()))  # fmt: skip
     before = torch.get_num_threads()
     assert main(["--threads", "3", "data", "compare"]) == 0
@@ -299,14 +299,6 @@ def test_threads_option(monkeypatch, capsys):
     monkeypatch.setenv(THREADS_ENV, "0")
     with pytest.raises(ValueError, match=THREADS_ENV):
         resolve_threads("auto")
-
-
-def test_cli_offers_every_shape_flow_field():
-    # catches: a ShapeFlow field option (potential) that the CLI's choices do not offer
-    from grassflow import cli
-    from grassflow.flows.shape_flow import POTENTIALS
-
-    assert cli._POTENTIALS == POTENTIALS
 
 
 def test_version_is_the_installed_packages(capsys):

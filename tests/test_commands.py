@@ -72,7 +72,7 @@ def test_eval_rerun_is_exact(demo_run):
 def test_sample_is_on_the_manifold_with_its_density(demo_run, tmp_path):
     # catches: samples off Gr(1,3), a log-density of the wrong sign or of the prior
     # instead of the model, or a --seed that is ignored
-    from grassflow.experiments.textures import load_run
+    from grassflow.tasks.texture_runs import load_run
 
     paths = {name: tmp_path / f"{name}.npz" for name in ("a", "again", "other")}
     for name, seed in (("a", "3"), ("again", "3"), ("other", "4")):
@@ -124,8 +124,8 @@ def test_reproduce_textures_figures_and_nll(tmp_path):
 def test_texture_presets_reach_train_and_reproduce(tmp_path, monkeypatch):
     # catches: --preset parsed but ignored, a default that is not the documented fourier one,
     # or `train --preset fourier` inheriting the preset's budget-bound 10^6-iteration cap
-    from grassflow.experiments import textures as tx
-    from grassflow.experiments import textures_figures as fig
+    from grassflow.tasks import texture_runs as tx
+    from grassflow_paper import textures_figures as fig
 
     seen = []
     monkeypatch.setattr(tx, "run", lambda exp, *a, **k: seen.append(exp) or TrainResultStub())

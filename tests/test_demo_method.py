@@ -46,7 +46,7 @@ def test_demo_does_not_depend_on_the_machines_pace(tmp_path, fixed_pace):
     # catches: a time budget in the demo preset (a busy or slow machine then trains fewer
     # iterations and draws another picture): the same command on a fast and on a 100x slower
     # machine must train the same iterations to the same weights
-    from grassflow.experiments import textures as tx
+    from grassflow.tasks import texture_runs as tx
     from grassflow.training import load_checkpoint
 
     assert tx.DEMO.train.budget_minutes is None and tx.DEMO_PAPER.train.budget_minutes is None

@@ -145,7 +145,7 @@ def test_invariant_match_finds_moved_copies():
 def test_dw4_files_repeat_configurations():
     # catches a regression in the counts quoted for the upstream DW4 files (Klein et al.
     # 2023 via DEM), and the split rows: test = test file[:1000], val = val file[:1000]
-    # (ENF_SPLITS in grassflow.experiments.vs_enf)
+    # (ENF_SPLITS in grassflow_paper.vs_enf)
     shared = shared_data_dir()
     folder = None if shared is None else shared / "alt_klein2023_from_DEM"
     names = ("train_split_DW4.npy", "val_split_DW4.npy", "test_split_DW4.npy")

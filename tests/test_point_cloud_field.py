@@ -152,8 +152,8 @@ def test_shape_flow_egnn_is_normalized_and_invariant(gram):
     # The Wishart Gram density is test_shape_flow's calibrated one (finite variance of the
     # weights). The log-normal's weights vary more, so its test detects 15 % errors, not 3 %:
     # a Jacobian exponent or a scale of S off by a factor moves the total by far more.
-    from grassflow.experiments.shapes import ShapeExperiment, build_model
     from grassflow.nn.gram import DistanceGram
+    from grassflow.tasks.shape_runs import ShapeExperiment, build_model
 
     n, d = 5, 2
     if gram == "wishart":

@@ -11,13 +11,14 @@ from scipy.spatial.distance import jensenshannon, pdist
 
 from grassflow.data import qm9 as qm9data
 from grassflow.distributions.cartesian import cartesian_log_prob_gram
-from grassflow.experiments import qm9, qm9_report
-from grassflow.experiments.runs import read_preset
-from grassflow.experiments.runs import test_subset as seeded_rows  # not collected as a test
 from grassflow.flows import ShapeFlow
 from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.nn.graph import GraphPotential
+from grassflow.tasks.run_dir import read_preset
+from grassflow.tasks.run_dir import test_subset as seeded_rows  # not collected as a test
 from grassflow.training import read_metrics
+from grassflow_paper import qm9_report
+from grassflow_paper import qm9_runs as qm9
 
 try:
     qm9data.qm9pack_data_dir()

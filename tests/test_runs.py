@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from grassflow.experiments.runs import (
-    RunMismatch,
-    checkpoint_path,
-    claim_run_dir,
-    data_identity,
-    training_status,
-)
+from grassflow.tasks.run_dir import RunMismatch, claim_run_dir, data_identity, training_status
+from grassflow.training import checkpoint_path
 
 PRESET = {"system": "dw4", "source": "generated",
           "train": {"lr": 1e-3, "iterations": 100, "total_budget_minutes": 1.0,
                     "budget_minutes": None, "device": "auto", "betas": (0.9, 0.999)}}  # fmt: skip
+
+
+def claim(*args, **kwargs):
+    """claim_run_dir for runs of a test kind."""
+    return claim_run_dir(*args, **{"kind": "test", **kwargs})
 
 
 def preset(**train):
@@ -44,13 +44,13 @@ def test_data_identity_is_a_content_hash():
 
 def test_same_run_is_claimed_again_and_the_budget_may_grow(tmp_path):
     run = tmp_path / "run"
-    claim_run_dir(run, preset(), identity(X))
+    claim(run, preset(), identity(X))
     assert json.loads((run / "experiment.json").read_text())["train"]["betas"] == [0.9, 0.999]
-    claim_run_dir(run, preset(), identity(X))  # the same run
+    claim(run, preset(), identity(X))  # the same run
     # per-invocation budget, device and the data's location are not the run's identity
-    claim_run_dir(run, preset(budget_minutes=3.0, device="cpu"), identity(X, path="/elsewhere"))
+    claim(run, preset(budget_minutes=3.0, device="cpu"), identity(X, path="/elsewhere"))
     # a longer run continues this one, and the preset records the new length
-    claim_run_dir(run, preset(total_budget_minutes=2.0, iterations=200), identity(X))
+    claim(run, preset(total_budget_minutes=2.0, iterations=200), identity(X))
     saved = json.loads((run / "experiment.json").read_text())["train"]
     assert (saved["total_budget_minutes"], saved["iterations"]) == (2.0, 200)
 
@@ -58,17 +58,17 @@ def test_same_run_is_claimed_again_and_the_budget_may_grow(tmp_path):
 def test_mismatches_name_every_field(tmp_path):
     # catches: a run reused for another preset, other data, or a smaller budget
     run = tmp_path / "run"
-    claim_run_dir(run, preset(), identity(X))
+    claim(run, preset(), identity(X))
     with pytest.raises(RunMismatch, match="total_budget_minutes: 1.0 -> 0.5"):
-        claim_run_dir(run, preset(total_budget_minutes=0.5), identity(X))
+        claim(run, preset(total_budget_minutes=0.5), identity(X))
     with pytest.raises(RunMismatch) as info:
-        claim_run_dir(run, {**preset(lr=1e-4), "source": "klein"}, identity(X + 1))
+        claim(run, {**preset(lr=1e-4), "source": "klein"}, identity(X + 1))
     message = str(info.value)
     for field in ("train.lr: 0.001 -> 0.0001", "source: 'generated' -> 'klein'", "data.train"):
         assert field in message
     assert "--force" in message
     with pytest.raises(RunMismatch, match=r"extra: '<missing>' -> 1"):
-        claim_run_dir(run, {**preset(), "extra": 1}, identity(X))
+        claim(run, {**preset(), "extra": 1}, identity(X))
     # nothing was overwritten by the refused claims
     assert json.loads((run / "data.json").read_text()) == identity(X)
 
@@ -76,10 +76,10 @@ def test_mismatches_name_every_field(tmp_path):
 def test_force_starts_afresh(tmp_path, caplog):
     # catches: --force keeping the old run's checkpoints (a mix of two runs)
     run = tmp_path / "run"
-    claim_run_dir(run, preset(), identity(X))
+    claim(run, preset(), identity(X))
     (run / "last.pt").write_bytes(b"old")
     with caplog.at_level(logging.WARNING):
-        claim_run_dir(run, preset(lr=1e-4), identity(X), force=True)
+        claim(run, preset(lr=1e-4), identity(X), force=True)
     assert not (run / "last.pt").exists() and "deleting" in caplog.text
     assert json.loads((run / "experiment.json").read_text())["train"]["lr"] == 1e-4
 
@@ -88,7 +88,7 @@ def test_checkpoints_without_a_preset_are_refused(tmp_path):
     # catches: adopting a directory of unknown provenance
     (tmp_path / "last.pt").write_bytes(b"x")
     with pytest.raises(RunMismatch, match="no experiment.json"):
-        claim_run_dir(tmp_path, preset(), identity(X))
+        claim(tmp_path, preset(), identity(X))
 
 
 def test_best_falls_back_to_last_loudly(tmp_path, caplog):
@@ -125,8 +125,8 @@ def test_training_status_of_old_and_new_checkpoints(tmp_path):
 def test_data_location_is_not_the_identity(tmp_path):
     # catches: a run refused because its data moved (data_dir/cache_dir compared as strings)
     run = tmp_path / "run"
-    claim_run_dir(run, {**preset(), "data_dir": "data"}, identity(X))
-    claim_run_dir(run, {**preset(), "data_dir": "/elsewhere/data"}, identity(X, "/elsewhere"))
+    claim(run, {**preset(), "data_dir": "data"}, identity(X))
+    claim(run, {**preset(), "data_dir": "/elsewhere/data"}, identity(X, "/elsewhere"))
 
 
 def test_runs_from_before_run_identities_are_adopted(tmp_path, caplog):
@@ -138,18 +138,18 @@ def test_runs_from_before_run_identities_are_adopted(tmp_path, caplog):
     (run / "experiment.json").write_text(json.dumps(old))
     (run / "last.pt").write_bytes(b"x")
     with caplog.at_level(logging.WARNING):
-        claim_run_dir(run, preset(total_budget_minutes=None), identity(X))
+        claim(run, preset(total_budget_minutes=None), identity(X))
     assert "predates data.json" in caplog.text
     assert json.loads((run / "data.json").read_text()) == identity(X)
     # from then on the data are checked
     with pytest.raises(RunMismatch, match="data.train"):
-        claim_run_dir(run, preset(total_budget_minutes=None), identity(X + 1))
+        claim(run, preset(total_budget_minutes=None), identity(X + 1))
 
 
 def test_fields_added_later_keep_old_runs_resumable(tmp_path):
     # catches: every vs-E-NF run made before ShapeFlow's `gram` option (or another added
     # field) refusing to continue, while a run that really differs in it is still refused
-    from grassflow.experiments.vs_enf import ENFExperiment
+    from grassflow_paper.vs_enf import ADDED_FIELDS, ENFExperiment
 
     run = tmp_path / "run"
     new = ENFExperiment().to_dict()
@@ -157,16 +157,20 @@ def test_fields_added_later_keep_old_runs_resumable(tmp_path):
     run.mkdir()
     (run / "experiment.json").write_text(json.dumps(old))
     (run / "data.json").write_text(json.dumps(identity(X)))
-    claim_run_dir(run, new, identity(X), budget_keys=("minutes",))
+    kw = {"kind": "vs-enf", "added": ADDED_FIELDS, "budget_keys": ("minutes",)}
+    claim(run, new, identity(X), **kw)
+    assert json.loads((run / "experiment.json").read_text())["kind"] == "vs-enf"  # now saved
     with pytest.raises(RunMismatch, match="gram"):
-        claim_run_dir(run, {**new, "gram": "distance"}, identity(X), budget_keys=("minutes",))
+        claim(run, {**new, "gram": "distance"}, identity(X), **kw)
+    with pytest.raises(RunMismatch, match="kind"):  # the same preset, claimed as another kind
+        claim(run, new, identity(X), budget_keys=("minutes",))
 
 
 def test_no_resume_refuses_before_writing(tmp_path):
     # catches: a refused invocation overwriting the run's preset on its way out
     run = tmp_path / "run"
-    claim_run_dir(run, preset(), identity(X))
+    claim(run, preset(), identity(X))
     (run / "last.pt").write_bytes(b"x")
     with pytest.raises(FileExistsError, match="last.pt"):
-        claim_run_dir(run, preset(iterations=2000), identity(X), resume=False)
+        claim(run, preset(iterations=2000), identity(X), resume=False)
     assert json.loads((run / "experiment.json").read_text())["train"]["iterations"] == 100

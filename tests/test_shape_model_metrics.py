@@ -1,5 +1,6 @@
-"""Boltzmann-generator metrics and pictures of the shape-model runs (experiments.boltzmann,
-experiments.vs_report), on stand-in models with known samples and densities."""
+"""Boltzmann-generator metrics and pictures of the shape-model runs
+(grassflow_paper.boltzmann_report, grassflow_paper.vs_report), on stand-in models with known
+samples and densities."""
 
 import json
 import math
@@ -9,7 +10,8 @@ import torch
 from scipy.stats import wasserstein_distance
 
 from grassflow.data.particles import dw4_energy
-from grassflow.experiments import boltzmann, efm, vs_report
+from grassflow_paper import boltzmann_report as boltzmann
+from grassflow_paper import efm, vs_report
 
 
 class _Stub:

@@ -10,7 +10,7 @@ from scipy.spatial.distance import jensenshannon, pdist
 
 from grassflow.cli import main
 from grassflow.data.point_clouds import load_point_clouds, write_xyz
-from grassflow.experiments import shapes
+from grassflow.tasks import shape_runs as shapes
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.slow]
 

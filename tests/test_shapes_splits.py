@@ -2,6 +2,7 @@
 arithmetic of ``shapes.evaluate``. No real training: spies and a stub model stand in for it
 (the end-to-end run is in test_shapes_experiment.py, marked slow)."""
 
+import json
 import types
 
 import numpy as np
@@ -9,9 +10,9 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon, pdist
 
-from grassflow.experiments import shapes
 from grassflow.flows import ShapeFlow
-from grassflow.training import TrainConfig
+from grassflow.tasks import shape_runs as shapes
+from grassflow.training import TrainConfig, shape_fit
 
 
 def clouds(N=40, n=4, d=2, scale=1.0, seed=0):
@@ -78,12 +79,12 @@ def test_train_shape_flow_feeds_each_part_its_split(monkeypatch, tmp_path):
         calls.append({"module": module, "data": data.clone(), "val": val_data.clone(),
                       "dir": run_dir.name})  # fmt: skip
 
-    monkeypatch.setattr(shapes, "train", spy)
+    monkeypatch.setattr(shape_fit, "train", spy)
     X = torch.as_tensor(clouds(N=30, scale=100.0))
     train_clouds, val_clouds = X[:20], X[20:]
     model = ShapeFlow(4, 2).double()
     cfg = TrainConfig(iterations=1, batch_size=8, dtype="float64")
-    shapes.train_shape_flow(model, train_clouds, val_clouds, tmp_path, cfg, cfg, n_val_flow=6,
+    shape_fit.train_shape_flow(model, train_clouds, val_clouds, tmp_path, cfg, cfg, n_val_flow=6,
                             progress=False)  # fmt: skip
     flow, gram = calls
     assert (flow["dir"], gram["dir"]) == ("flow", "gram")
@@ -156,7 +157,7 @@ def test_presets_saved_before_the_gram_option_mean_wisharts(tmp_path):
     # catches: a run trained before `gram_density` existed (with a Wishart Gram density)
     # rebuilt with today's default, the pair-distance one, whose checkpoint would then be
     # another model's; and a resume with today's defaults that silently adopts the old run
-    from grassflow.experiments.runs import RunMismatch, claim_run_dir
+    from grassflow.tasks.run_dir import RunMismatch, claim_run_dir
 
     old = shapes.ShapeExperiment(data="c.npy", potential="graph", n_points=4, dim=2).to_dict()
     del old["gram_density"], old["gram_components"]
@@ -164,10 +165,12 @@ def test_presets_saved_before_the_gram_option_mean_wisharts(tmp_path):
     assert isinstance(shapes.build_model(shapes.ShapeExperiment.from_dict(old)).gram,
                       type(ShapeFlow(4, 2, gram="wishart").gram))  # fmt: skip
     run = tmp_path / "run"
-    claim_run_dir(run, old, {})
+    run.mkdir()
+    (run / "experiment.json").write_text(json.dumps(old))  # as such a run saved it: no kind
+    kw = {"kind": "shapes", "added": shapes.ADDED_FIELDS}
     same = shapes.ShapeExperiment(data="c.npy", potential="graph", gram_density="wishart",
                                   n_points=4, dim=2)  # fmt: skip
-    claim_run_dir(run, same.to_dict(), {})  # the old run, continued
+    claim_run_dir(run, same.to_dict(), {}, **kw)  # the old run, continued
     new = shapes.ShapeExperiment(data="c.npy", potential="graph", n_points=4, dim=2)
     with pytest.raises(RunMismatch, match="gram_density"):
-        claim_run_dir(run, new.to_dict(), {})
+        claim_run_dir(run, new.to_dict(), {}, **kw)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from grassflow.cli import main
-from grassflow.experiments import particles as px
-from grassflow.experiments import table1
-from grassflow.experiments.runs import training_status
+from grassflow.tasks import particle_runs as px
+from grassflow.tasks.run_dir import training_status
+from grassflow_paper import table1
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

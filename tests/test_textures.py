@@ -13,7 +13,7 @@ from grassflow.data.textures import (
     texture_splits,
 )
 from grassflow.manifolds import Grassmann
-from grassflow.training import PAPER_TEXTURES
+from grassflow.tasks.texture_runs import PAPER_TEXTURES
 
 GR = Grassmann(1, 3)
 
@@ -144,7 +144,7 @@ def test_lift_is_scale_free_and_batchwise():
 
 def test_model_initialization_depends_on_the_seed_only():
     # torch seeds its default generator randomly per process; build_model must not depend on it
-    from grassflow.experiments.textures import TexturesExperiment, build_model
+    from grassflow.tasks.texture_runs import TexturesExperiment, build_model
 
     def params(seed):
         exp = TexturesExperiment(train=PAPER_TEXTURES.replace(seed=seed))

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from grassflow.experiments import textures as tx
 from grassflow.manifolds import Grassmann
 from grassflow.nn import GrassmannField, Potential
+from grassflow.tasks import texture_runs as tx
 
 
 def test_paper_preset_is_the_paper_model():

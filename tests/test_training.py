@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
+from grassflow.tasks.texture_runs import PAPER_TEXTURES
 from grassflow.training import (
-    PAPER_TEXTURES,
     CheckpointError,
     TrainConfig,
     TrainingDiverged,

@@ -16,11 +16,11 @@ import torch
 
 from grassflow.cli import main
 from grassflow.data.particle_files import missing_files, shared_data_dir
-from grassflow.experiments import vs_enf
-from grassflow.experiments.qm9 import QM9Experiment
-from grassflow.experiments.runs import RunMismatch, training_status
 from grassflow.flows import ShapeFlow
 from grassflow.metrics import closest_pair_fraction
+from grassflow.tasks.run_dir import RunMismatch, training_status
+from grassflow_paper import vs_enf
+from grassflow_paper.qm9_runs import QM9Experiment
 
 SHARED = shared_data_dir()
 KLEIN = None if SHARED is None else SHARED / "alt_klein2023_from_DEM"
@@ -344,7 +344,7 @@ def test_mean_sem_of_few_values():
 def test_test_subset_is_a_seeded_unordered_draw_in_file_order():
     # catches: a prefix (QM9's split is ordered by composition), repeated rows, or a draw
     # that changes between calls (the eval cache and the rows of two budgets would differ)
-    from grassflow.experiments.vs_enf import test_subset
+    from grassflow_paper.vs_enf import test_subset
 
     test = torch.arange(200.0)[:, None, None].expand(200, 3, 2)
     a, b = test_subset(test, 50), test_subset(test, 50)
@@ -358,13 +358,14 @@ def test_test_subset_is_a_seeded_unordered_draw_in_file_order():
 def test_command_line_rebuilds_the_experiment():
     # catches: a "Made by" line in results/vs_enf that leaves out an option the run used
     # (the field, the Gram density, the validation that picks the best checkpoint)
-    from grassflow.cli import _POTENTIALS, build_parser
+    from grassflow.cli import build_parser
+    from grassflow.flows import POTENTIALS
 
     exp = vs_enf.ENFExperiment(system="lj13", potential="egnn", gram="distance",
                                gram_fraction=0.3, gram_max_minutes=3.0, n_val_flow=50,
                                val_every_minutes=3.0)  # fmt: skip
     args = build_parser().parse_args(exp.command().split()[1:])
-    assert args.potential == "egnn" in _POTENTIALS and args.gram == "distance"
+    assert args.potential == "egnn" in POTENTIALS and args.gram == "distance"
     assert (args.gram_fraction, args.gram_max_minutes) == (0.3, 3.0)
     assert (args.n_val_flow, args.val_every_minutes) == (50, 3.0)
     assert exp.layers == 3 and vs_enf.ENFExperiment().layers == 2  # resolved per field

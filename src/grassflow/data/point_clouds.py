@@ -23,7 +23,7 @@ import torch
 
 from ..manifolds.shape_space import full_rank
 
-__all__ = ["ELEMENTS", "PointClouds", "load_point_clouds", "write_xyz"]
+__all__ = ["ELEMENTS", "PointClouds", "load_point_clouds", "save_clouds", "write_xyz"]
 
 _SYMBOLS = (
     "X H He Li Be B C N O F Ne Na Mg Al Si P S Cl Ar K Ca "
@@ -325,3 +325,22 @@ def _atomic_number(sym: str, where: str) -> int:
     if z is None:
         raise ValueError(f"{where}: unknown element symbol {sym!r}")
     return z
+
+
+def save_clouds(
+    X: np.ndarray, out: str | os.PathLike, labels: np.ndarray | None = None
+) -> list[Path]:
+    """Write generated clouds ``X: (N, n, d)`` to ``out`` as ``.npy``, and beside it as
+    ``.xyz`` for 3-D clouds (``labels``: ``(n,)`` shared atomic numbers, or None).
+
+    Returns:
+        the paths written.
+    """
+    out = Path(out).with_suffix(".npy")
+    np.save(out, X)
+    written = [out]
+    if X.shape[-1] == 3:
+        labels = None if labels is None else np.broadcast_to(labels, X.shape[:2])
+        write_xyz(out.with_suffix(".xyz"), X, labels, "grassflow ShapeFlow sample")
+        written.append(out.with_suffix(".xyz"))
+    return written

@@ -5,18 +5,19 @@
 keeps ``config.json``, ``last.pt``, ``best.pt`` and ``metrics.jsonl`` in ``run_dir``.
 
 Example:
-    >>> from grassflow.training import PAPER_TEXTURES, train
-    >>> result = train(flow, texture_sampler, PAPER_TEXTURES.replace(budget_minutes=60),
-    ...                "runs/textures", val_data=Y_val, resume=True)
+    >>> from grassflow.training import TrainConfig, train
+    >>> result = train(flow, Y_train, TrainConfig(batch_size=256, budget_minutes=10),
+    ...                "runs/my_flow", val_data=Y_val, resume=True)
     >>> result.stopped  # "done" or "budget" (run again to continue)
 
+:func:`train_shape_flow` fits both parts of a :class:`~grassflow.flows.ShapeFlow` with it.
 The same call trains data-parallel under ``torchrun --nproc_per_node N``; see
 :mod:`grassflow.training.distributed`.
 """
 
 from .batches import Sampler, SamplerBatches, TensorBatches
-from .checkpoint import CheckpointError, atomic_save, load_checkpoint
-from .config import PAPER_TEXTURES, TRAJECTORY_FIELDS, TrainConfig, resolve_device, resolve_dtype
+from .checkpoint import CheckpointError, atomic_save, checkpoint_path, load_checkpoint
+from .config import TRAJECTORY_FIELDS, TrainConfig, resolve_device, resolve_dtype
 from .flow_matching import COUPLINGS, flow_matching_objective, ot_pairing
 from .loop import train
 from .metrics_log import read_metrics
@@ -26,14 +27,16 @@ from .parallel_eval import (
     distributed_mean_nll,
     distributed_sample,
     distributed_transport,
+    save_samples,
 )
 from .result import TrainingDiverged, TrainResult
+from .shape_fit import GramTerm, load_shape_flow, train_shape_flow
 
 __all__ = [
     "OBJECTIVES",
-    "PAPER_TEXTURES",
     "TRAJECTORY_FIELDS",
     "CheckpointError",
+    "GramTerm",
     "COUPLINGS",
     "flow_matching_objective",
     "ot_pairing",
@@ -45,15 +48,19 @@ __all__ = [
     "TrainResult",
     "TrainingDiverged",
     "atomic_save",
+    "checkpoint_path",
     "distributed_log_prob",
     "distributed_mean_nll",
     "distributed_sample",
     "distributed_transport",
     "load_checkpoint",
+    "load_shape_flow",
     "mean_nll",
     "nll_objective",
     "read_metrics",
     "resolve_device",
     "resolve_dtype",
+    "save_samples",
     "train",
+    "train_shape_flow",
 ]

@@ -7,6 +7,7 @@ then renamed over the old one, so a crash mid-write never leaves a truncated ``l
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -14,7 +15,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["CheckpointError", "atomic_write_bytes", "atomic_save", "load_checkpoint", "write_json"]
+__all__ = [
+    "CheckpointError", "atomic_save", "atomic_write_bytes", "checkpoint_path", "load_checkpoint",
+    "write_json",
+]  # fmt: skip
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 
@@ -98,3 +104,15 @@ def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = ()) -> 
             f"checkpoint {path} has format {state['format']}, this code reads {FORMAT_VERSION}"
         )
     return state
+
+
+def checkpoint_path(run_dir: str | Path, which: str = "best") -> Path:
+    """``run_dir/<which>.pt``. ``"best"`` falls back to ``last.pt`` when the run has no
+    validation checkpoint yet, and says so."""
+    path = Path(run_dir) / f"{which}.pt"
+    if not path.exists() and which == "best":
+        path = Path(run_dir) / "last.pt"
+        logger.warning("%s has no best.pt (no validation yet): using last.pt", run_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: has {run_dir} been trained?")
+    return path

@@ -11,7 +11,7 @@ import torch
 
 from .clock import CLOCKS
 
-__all__ = ["PAPER_TEXTURES", "TRAJECTORY_FIELDS", "TrainConfig", "resolve_device", "resolve_dtype"]
+__all__ = ["TRAJECTORY_FIELDS", "TrainConfig", "resolve_device", "resolve_dtype"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -182,19 +182,3 @@ def resolve_device(device: str) -> torch.device:
 def resolve_dtype(dtype: str) -> torch.dtype:
     """``"float32"`` / ``"float64"`` -> the torch dtype."""
     return _DTYPES[dtype]
-
-
-# Paper, Table "hyperparams", Textures column: infinite data, so its 72000 "epochs" are
-# optimizer steps; validation on 500 samples. Other presets live with their experiments.
-PAPER_TEXTURES = TrainConfig(
-    lr=1e-3,
-    betas=(0.9, 0.999),
-    weight_decay=0.0,
-    batch_size=500,
-    iterations=72000,
-    lr_step=20000,
-    lr_gamma=0.1,
-    val_every=1000,
-    checkpoint_every=1000,
-    log_every=50,
-)

@@ -10,6 +10,7 @@ process every function here is a plain loop over the chunks.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import torch
@@ -20,7 +21,7 @@ from .objectives import mean_nll, model_stats
 from .rng import derive_seed
 
 __all__ = ["distributed_log_prob", "distributed_mean_nll", "distributed_sample",
-           "distributed_transport"]  # fmt: skip
+           "distributed_transport", "save_samples"]  # fmt: skip
 
 
 def _my_chunks(n: int, batch_size: int) -> list[tuple[int, int]]:
@@ -109,3 +110,16 @@ def distributed_sample(model: nn.Module, n: int, seed: int) -> tuple[Tensor, Ten
         with torch.no_grad():
             Y, logp = model.sample_with_log_prob(mine, g)
     return dd.gather(Y), dd.gather(logp)
+
+
+def save_samples(model: nn.Module, n: int, seed: int, out: str | os.PathLike) -> str | None:
+    """Draw ``n`` samples of a GrCNF and their log-densities to the ``.npz`` file ``out``
+    (arrays ``Y: (n, D, k)`` and ``log_prob: (n,)``). Under torchrun each rank draws a share
+    with its own seed and rank 0 writes; returns what was written (None on other ranks)."""
+    import numpy as np
+
+    Y, logp = distributed_sample(model, n, seed)
+    if not dd.is_main():
+        return None
+    np.savez(out, Y=Y.cpu().numpy(), log_prob=logp.cpu().numpy())
+    return f"wrote {n} samples (Y: {tuple(Y.shape)}, log_prob) to {out}"

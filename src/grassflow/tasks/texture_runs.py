@@ -1,6 +1,7 @@
-"""Paper §5.1: artificial textures on Gr(1, 3): preset, training, evaluation.
-
-Pictures and the full reproduction (Figures 3 and 4) are in :mod:`.textures_figures`.
+"""Densities of the paper's artificial textures on Gr(1, 3) (§5.1): presets, training,
+evaluation and one run's pictures; what ``grassflow demo`` and ``grassflow train --dataset``
+run. The paper's Figures 3 and 4 over all five textures are in the reproduction package
+(``grassflow_paper.textures_figures``).
 
 A run directory holds ``experiment.json`` (this preset), the trainer's files
 (``config.json``, ``last.pt``, ``best.pt``, ``metrics.jsonl``), ``eval.json`` and pictures.
@@ -15,13 +16,13 @@ from pathlib import Path
 import torch
 
 from ..data.textures import TEXTURES, sample_texture, texture_splits
+from ..distributions import MatrixGaussianPrior
 from ..flows import GrCNF
 from ..manifolds import Grassmann
 from ..metrics import mmd2
 from ..nn import GrassmannField, Potential
 from ..training import (
     OBJECTIVES,
-    PAPER_TEXTURES,
     TrainConfig,
     TrainResult,
     distributed_log_prob,
@@ -31,26 +32,50 @@ from ..training import (
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
 from ..training.loop import Callback
+from ..training.parallel_eval import save_samples
 from ..training.rng import seeded_init
-from .runs import claim_run_dir, data_identity, load_trained
+from ..viz import SphereColumn, figure_antipodal, figure_prior_views, figure_textures
+from .registry import RunKind
+from .run_dir import claim_run_dir, data_identity, load_trained
 
 __all__ = [
+    "RUN_KIND",
     "DEMO",
     "DEMO_PAPER",
     "MMD_BANDWIDTH",
+    "PAPER_TEXTURES",
     "PRESETS",
     "TexturesExperiment",
     "build_model",
+    "density_fn",
     "describe",
     "held_out",
     "preset",
     "claim",
     "evaluate",
     "load_run",
+    "plot_prior",
+    "plot_run",
     "run",
 ]
 
 MMD_BANDWIDTH = 0.1  # the median heuristic (~0.65) is too coarse to tell textures apart
+
+
+# Paper, Table "hyperparams", Textures column: infinite data, so its 72000 "epochs" are
+# optimizer steps; validation on 500 samples.
+PAPER_TEXTURES = TrainConfig(
+    lr=1e-3,
+    betas=(0.9, 0.999),
+    weight_decay=0.0,
+    batch_size=500,
+    iterations=72000,
+    lr_step=20000,
+    lr_gamma=0.1,
+    val_every=1000,
+    checkpoint_every=1000,
+    log_every=50,
+)
 
 
 @dataclass
@@ -215,7 +240,8 @@ def claim(
     splits that the same generator draws.
     """
     splits = held_out(exp, getattr(torch, exp.train.dtype))
-    claim_run_dir(run_dir, exp.to_dict(), data_identity(**splits), force=force, resume=resume)
+    claim_run_dir(run_dir, exp.to_dict(), data_identity(**splits), kind="textures", force=force,
+                  resume=resume)  # fmt: skip
     return splits
 
 
@@ -299,3 +325,64 @@ def _antipodal_gap(model: GrCNF, n: int, seed: int) -> float:
     with torch.no_grad():
         gap = model.manifold.dist(model.transport_forward(Y0), model.transport_forward(-Y0))
     return gap.max().item()
+
+
+def plot_run(run_dir: str | Path, n_samples: int = 2000, seed: int = 0) -> list[Path]:
+    """``textures.png`` (Data / Generated / Density) and ``antipodal.png`` for one run."""
+    exp, model = load_run(run_dir)
+    dtype = model.prior_mean.dtype
+    gen = torch.Generator().manual_seed(seed)
+    data = sample_texture(exp.dataset, n_samples, seed=seed, dtype=dtype)
+    Y0 = model.sample_prior(n_samples, gen)
+    out = Path(run_dir)
+    with torch.no_grad():
+        generated = model.transport_forward(Y0)
+        antipodal = model.transport_forward(-Y0)
+    figure_textures(
+        [
+            SphereColumn("Prior", Y0, None, model.prior().log_prob),
+            SphereColumn(exp.dataset, data, generated, density_fn(model)),
+        ],
+        out / "textures.png",
+        dtype=dtype,
+    )
+    figure_antipodal(-Y0, {exp.dataset: antipodal}, out / "antipodal.png")
+    return [out / "textures.png", out / "antipodal.png"]
+
+
+def density_fn(model: GrCNF):
+    """``Y -> model.log_prob(Y)`` without gradients, in the model's dtype (for the pictures)."""
+
+    def log_prob(Y: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return model.log_prob(Y.to(model.prior_mean.dtype))
+
+    return log_prob
+
+
+def plot_prior(path: str | Path, sigma2: float = 0.5) -> Path:
+    """The paper's appendix prior figure: M = e1, U = sigma^2 I, V = I, sigma^2 = 0.5."""
+    gr = Grassmann(1, 3)
+    eye = torch.eye(3, dtype=torch.float64)
+    prior = MatrixGaussianPrior(gr, eye[:, :1], sigma2 * eye, eye[:1, :1])
+    figure_prior_views(prior.log_prob, path, dtype=torch.float64)
+    return Path(path)
+
+
+def eval_summary(result: dict) -> str:
+    """Two lines on an :func:`evaluate` result: NLLs against the prior and uniform, and MMD²."""
+    r = result
+    return (
+        f"[{r['dataset']}] test NLL {r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats | prior "
+        f"{r['prior_nll']:.3f} | uniform {r['uniform_nll']:.3f} (= log V_Gr(1,3))\n"
+        f"[{r['dataset']}] MMD² (h={r['mmd_bandwidth']}) model {r['mmd2_model']:.4f} | prior "
+        f"{r['mmd2_prior']:.4f} | data-vs-data floor {r['mmd2_data']:.4f}"
+    )
+
+
+RUN_KIND = RunKind(
+    evaluate=lambda run_dir, n_samples, seed: eval_summary(
+        evaluate(run_dir, n_samples=n_samples, seed=seed)),
+    sample=lambda run_dir, n, seed, out: save_samples(load_run(run_dir)[1], n, seed, out),
+    plot=plot_run,
+)

@@ -32,29 +32,47 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..data.overlap import distinct_rows, novel_mask
-from ..data.particle_files import missing_files, shared_data_dir
-from ..flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow
-from ..manifolds.shape_space import helmert_basis
-from ..metrics import mean_sem
-from ..training import OBJECTIVES, TrainConfig, load_checkpoint
-from ..training.checkpoint import write_json
-from ..training.clock import Stopwatch
-from ..training.rng import seeded_init
-from .qm9 import QM9Experiment
-from .runs import claim_run_dir, data_identity, read_preset, test_subset, training_status
-from .shapes import load_shape_flow, split_budget, train_shape_flow
+from grassflow.data.overlap import distinct_rows, novel_mask
+from grassflow.data.particle_files import missing_files, shared_data_dir
+from grassflow.flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow
+from grassflow.manifolds.shape_space import helmert_basis
+from grassflow.metrics import mean_sem
+from grassflow.tasks.registry import RunKind
+from grassflow.tasks.run_dir import (
+    claim_run_dir,
+    data_identity,
+    read_preset,
+    test_subset,
+    training_status,
+)
+from grassflow.tasks.shape_runs import nll_summary, save_sampled_clouds, split_budget
+from grassflow.training import (
+    OBJECTIVES,
+    TrainConfig,
+    load_checkpoint,
+    load_shape_flow,
+    train_shape_flow,
+)
+from grassflow.training.checkpoint import write_json
+from grassflow.training.clock import Stopwatch
+from grassflow.training.rng import seeded_init
+
+from .qm9_runs import QM9Experiment
 
 if TYPE_CHECKING:
     from .efm import EFMExperiment
 
 __all__ = [
+    "RUN_KIND",
     "ANCHORS", "ENF_SPLITS", "ENFExperiment", "build_model", "data_dir_of", "evaluate",
     "isotropic_gaussian_nll", "load_enf_splits", "markdown_table", "merge_rows", "qm9_model",
     "qm9_row", "run", "sweep",
 ]  # fmt: skip
 
 SHAPES = {"dw4": (4, 2), "lj13": (13, 3)}  # (points n, dimension d)
+# preset fields added after runs were made: the value those runs had without saying so
+ADDED_FIELDS = {"gram_components": 1, "gram_fraction": 0.1, "gram_max_minutes": 1.0,
+                "gram": "wishart"}  # fmt: skip
 KLEIN_DIR = "alt_klein2023_from_DEM"
 PARTS = ("grassmann", "gram", "jacobian")  # of ShapeFlow.log_prob_terms
 
@@ -287,7 +305,8 @@ def run(exp: ENFExperiment, run_dir: str | Path, *, force: bool = False, progres
     data = load_enf_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
     identity = {"protocol": "vs_enf.ENF_SPLITS", "path": str(data_dir_of(exp.data_dir).resolve()),
                 **data_identity(**{s: data[s] for s in ("train", "val", "test")})}  # fmt: skip
-    claim_run_dir(run_dir, exp.to_dict(), identity, force=force,
+    claim_run_dir(run_dir, exp.to_dict(), identity, kind="vs-enf", added=ADDED_FIELDS,
+                  force=force,
                   budget_keys=("minutes", "flow_iterations", "gram_iterations"))  # fmt: skip
     train_shape_flow(build_model(exp), data["train"], data["val"], run_dir, exp.flow_config(),
                      exp.gram_config(), objective=exp.objective, n_val_flow=exp.n_val_flow,
@@ -553,3 +572,15 @@ def markdown_table(rows: list[dict], system: str) -> str:
         )  # fmt: skip
     commands = dict.fromkeys(r["command"] for r in rows if r["system"] == system and "command" in r)
     return "\n".join([*lines, "", "Made by:", *[f"- `{c}`" for c in commands]]) + "\n"
+
+
+def _eval_line(run_dir: Path, n_samples: int, seed: int) -> str:
+    r = evaluate(run_dir)
+    return (f"[{r['system']}, {r['model']}, n_train {r['n_train']}, atol = rtol = {r['atol']:g}] "
+            f"Cartesian test NLL {nll_summary(r)}")  # fmt: skip
+
+
+RUN_KIND = RunKind(
+    evaluate=_eval_line,
+    sample=lambda run_dir, n, seed, out: save_sampled_clouds(sample(run_dir, n, seed), out),
+)

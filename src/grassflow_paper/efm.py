@@ -20,19 +20,30 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
-from ..data.overlap import novel_mask
-from ..metrics import closest_pair_fraction, distance_histogram, jsd, mean_sem
-from ..training import TrainConfig, load_checkpoint
-from ..training.checkpoint import write_json
-from ..training.clock import Stopwatch
-from ..training.rng import seeded_init
-from .runs import checkpoint_path, claim_run_dir, data_identity, read_preset, training_status
+from grassflow.baselines import (
+    CFM_COUPLINGS,
+    EquivariantCNF,
+    fit_equivariant_cnf,
+    load_equivariant_cnf,
+)
+from grassflow.data.overlap import novel_mask
+from grassflow.metrics import closest_pair_fraction, distance_histogram, jsd, mean_sem
+from grassflow.tasks.registry import RunKind
+from grassflow.tasks.run_dir import claim_run_dir, data_identity, read_preset, training_status
+from grassflow.tasks.shape_runs import save_sampled_clouds
+from grassflow.training import TrainConfig, checkpoint_path, load_checkpoint
+from grassflow.training.checkpoint import write_json
+from grassflow.training.clock import Stopwatch
+from grassflow.training.rng import seeded_init
+
 from .vs_enf import SHAPES, data_dir_of, load_enf_splits
 
 SYSTEMS = {**SHAPES, "qm9": (19, 3)}  # QM9 positional: 19 atoms, E-NF's split
+# preset fields added after runs were made: the value those runs had without saying so
+ADDED_FIELDS = {"coupling": "equivariant-ot"}
 
 __all__ = [
+    "RUN_KIND",
     "SYSTEMS", "EFMExperiment", "build_model", "evaluate", "load_run", "load_splits", "run",
     "sample",
 ]  # fmt: skip
@@ -141,7 +152,7 @@ def load_splits(system: str, n_train: int, data_dir: str | None = None) -> dict:
     validation and its 1,813 test molecules (centred)."""
     if system != "qm9":
         return load_enf_splits(system, n_train, data_dir)
-    from .qm9 import load_molecules
+    from .qm9_runs import load_molecules
 
     X = load_molecules("data" if data_dir is None else data_dir)
     return {"train": X["train"][:n_train], "val": X["valid"], "test": X["test"]}
@@ -159,7 +170,7 @@ def run(exp: EFMExperiment, run_dir: str | Path, *, force: bool = False, progres
     data = load_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
     identity = {**_protocol(exp),
                 **data_identity(**{s: data[s] for s in ("train", "val", "test")})}  # fmt: skip
-    claim_run_dir(run_dir, exp.to_dict(), identity, force=force,
+    claim_run_dir(run_dir, exp.to_dict(), identity, kind="efm", added=ADDED_FIELDS, force=force,
                   budget_keys=("minutes", "iterations"))  # fmt: skip
     fit_equivariant_cnf(build_model(exp), data["train"], data["val"][: exp.n_val],
                         Path(run_dir) / "flow", exp.config(), coupling=exp.coupling,
@@ -227,3 +238,15 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
     }  # fmt: skip
     write_json(result, done)
     return result
+
+
+def _eval_line(run_dir: Path, n_samples: int, seed: int) -> str:
+    r = evaluate(run_dir)
+    return (f"[{r['system']}, {r['model']}, n_train {r['n_train']}, atol = rtol = {r['atol']:g}] "
+            f"Cartesian test NLL {r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats")
+
+
+RUN_KIND = RunKind(
+    evaluate=_eval_line,
+    sample=lambda run_dir, n, seed, out: save_sampled_clouds(sample(run_dir, n, seed), out),
+)

@@ -15,10 +15,10 @@ import torch
 from matplotlib.figure import Figure
 from scipy.stats import ks_2samp
 
-from ..data.particle_files import SOURCE_FILES, shared_data_dir
-from ..data.particles import get_system
 from ..metrics import histogram, jsd
 from ..training.checkpoint import write_json
+from .particle_files import SOURCE_FILES, shared_data_dir
+from .particles import get_system
 
 __all__ = ["REFERENCE_FILES", "compare", "markdown_table"]
 

@@ -1,7 +1,8 @@
-"""Run directories shared by the experiments: identity, the saved preset, checkpoints, progress.
+"""Run directories: identity, the saved preset and its kind, progress.
 
 A run directory is one training run. :func:`claim_run_dir` makes sure it stays one: it keeps
-the resolved preset (``experiment.json``) and the identity of the data it trained on
+the resolved preset with the run's kind (``experiment.json``, see :mod:`.registry`) and the
+identity of the data it trained on
 (``data.json``: a content hash), and a later invocation may reuse or continue the run only
 if both match. The run's length (total budget, iterations) may differ only upwards, which
 continues the run; the per-invocation budget and the device may change freely.
@@ -23,11 +24,11 @@ from torch import nn
 
 from ..training import distributed as dd
 from ..training import load_checkpoint
-from ..training.checkpoint import write_json
+from ..training.checkpoint import checkpoint_path, write_json
 
 __all__ = [
+    "KIND_KEY",
     "RunMismatch",
-    "checkpoint_path",
     "claim_run_dir",
     "data_identity",
     "load_trained",
@@ -43,11 +44,8 @@ logger = logging.getLogger(__name__)
 # invocation may train, where, and where the data lie (data.json hashes their content).
 _FREE = ("train.budget_minutes", "train.device", "data_dir", "cache_dir", "data",
          "flow.budget_minutes", "flow.device", "gram.budget_minutes", "gram.device")
-# preset fields added after runs were made: the value those runs had without saying so
-_ADDED = {"gram_components": 1, "gram_fraction": 0.1, "gram_max_minutes": 1.0,
-          "model": "shapeflow", "coupling": "equivariant-ot", "gram": "wishart",
-          "gram_density": "wishart",
-          "val_every_minutes": 0.5}  # fmt: skip  (QM9's; the other presets always had it)
+KIND_KEY = "kind"
+"""The key of ``experiment.json`` that names the run's kind (absent in runs made before it)."""
 
 
 class RunMismatch(ValueError):
@@ -80,17 +78,20 @@ def claim_run_dir(
     preset: dict,
     data: dict[str, Any],
     *,
+    kind: str,
+    added: dict[str, Any] | None = None,
     budget_keys: tuple[str, ...] = ("train.total_budget_minutes", "train.iterations"),
     force: bool = False,
     resume: bool = True,
 ) -> None:
     """Make ``run_dir`` the directory of this run, or check that it already is.
 
-    A new directory gets ``experiment.json`` (``preset``) and ``data.json`` (``data``). An
-    existing one must hold the same preset and data. The ``budget_keys`` (dotted paths into
-    ``preset``) may grow, which continues the run; the per-invocation budget, the device and
-    the data's location (``data_dir``, ``cache_dir``, ``data.*path``) may change freely, as
-    the content hashes identify the data wherever they lie. A directory written before run
+    A new directory gets ``experiment.json`` (``preset`` with ``kind``) and ``data.json``
+    (``data``). An existing one must hold the same kind, preset and data. The
+    ``budget_keys`` (dotted paths into ``preset``) may grow, which continues the run; the
+    per-invocation budget, the device and the data's location (``data_dir``, ``cache_dir``,
+    ``data.*path``) may change freely, as the content hashes identify the data wherever they
+    lie. A directory written before run
     identities existed (no ``data.json``, preset fields missing whose new value is None) is
     adopted with a warning.
 
@@ -100,6 +101,9 @@ def claim_run_dir(
         run_dir: the run directory.
         preset: the resolved preset, JSON-able (e.g. ``exp.to_dict()``).
         data: the data's identity: source, path and :func:`data_identity` hashes.
+        kind: the run's kind (:mod:`.registry`); a directory from before kinds takes it.
+        added: preset fields added after runs were made, with the value those runs had
+            without saying so (a saved preset that lacks them matches that value).
         budget_keys: fields that may only grow.
         force: start the run afresh (deleting ``run_dir``) instead of raising on a mismatch.
         resume: False refuses a directory that already holds ``last.pt`` (``FileExistsError``)
@@ -114,7 +118,9 @@ def claim_run_dir(
     if not resume and (run_dir / "last.pt").exists():
         raise FileExistsError(f"{run_dir / 'last.pt'} exists: resume it or use a new run_dir")
     dd.init()
-    problem = _mismatch(run_dir, preset, data, budget_keys) if dd.is_main() else None
+    preset = {KIND_KEY: kind, **preset}
+    added = {KIND_KEY: kind, **(added or {})}
+    problem = _mismatch(run_dir, preset, data, added, budget_keys) if dd.is_main() else None
     problem = dd.all_gather_objects(problem)[0]  # rank 0's verdict, for every rank
     if problem is not None:
         if not force:
@@ -133,7 +139,9 @@ def claim_run_dir(
     dd.barrier()
 
 
-def _mismatch(run_dir: Path, preset: dict, data: dict, budget_keys: tuple[str, ...]) -> str | None:
+def _mismatch(
+    run_dir: Path, preset: dict, data: dict, added: dict, budget_keys: tuple[str, ...]
+) -> str | None:
     """Why ``run_dir`` is not this run, or None if it is (or is new)."""
     exp_path, data_path = run_dir / "experiment.json", run_dir / "data.json"
     if not exp_path.exists():
@@ -150,8 +158,8 @@ def _mismatch(run_dir: Path, preset: dict, data: dict, budget_keys: tuple[str, .
     diffs = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, "<missing>"), new.get(key, "<missing>")
-        if a == "<missing>" and key in _ADDED:
-            a = _ADDED[key]
+        if a == "<missing>" and key in added:
+            a = added[key]
         if a == b or key in _FREE or key.endswith("path") or (a == "<missing>" and b is None):
             continue
         if key in budget_keys and _number(a) and _number(b) and b >= a:
@@ -164,32 +172,23 @@ def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def read_preset(run_dir: str | Path, from_dict: Callable[[dict], Any], kind: str) -> Any:
-    """The preset saved in ``run_dir/experiment.json``; ``kind`` names the run in errors."""
+def read_preset(run_dir: str | Path, from_dict: Callable[[dict], Any], what: str) -> Any:
+    """The preset saved in ``run_dir/experiment.json`` (without its kind); ``what`` names the
+    run in errors."""
     path = Path(run_dir) / "experiment.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: is {run_dir} a {kind} run directory?")
-    return from_dict(json.loads(path.read_text()))
-
-
-def checkpoint_path(run_dir: str | Path, which: str = "best") -> Path:
-    """``run_dir/<which>.pt``. ``"best"`` falls back to ``last.pt`` when the run has no
-    validation checkpoint yet, and says so."""
-    path = Path(run_dir) / f"{which}.pt"
-    if not path.exists() and which == "best":
-        path = Path(run_dir) / "last.pt"
-        logger.warning("%s has no best.pt (no validation yet): using last.pt", run_dir)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: has {run_dir} been trained?")
-    return path
+        raise FileNotFoundError(f"{path} not found: is {run_dir} a {what} run directory?")
+    preset = json.loads(path.read_text())
+    preset.pop(KIND_KEY, None)
+    return from_dict(preset)
 
 
 def load_trained(
     run_dir: str | Path, from_dict: Callable[[dict], Any], build_model: Callable[[Any], nn.Module],
-    kind: str, which: str = "best",
+    what: str, which: str = "best",
 ) -> tuple[Any, nn.Module]:  # fmt: skip
     """The preset and its model with the ``which`` checkpoint, in the run's dtype, eval mode."""
-    exp = read_preset(run_dir, from_dict, kind)
+    exp = read_preset(run_dir, from_dict, what)
     model = build_model(exp).to(getattr(torch, exp.train.dtype))
     ckpt = load_checkpoint(checkpoint_path(run_dir, which), required=("model",))
     model.load_state_dict(ckpt["model"])

@@ -39,10 +39,13 @@ from ..training import (
 )
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
+from ..training.parallel_eval import save_samples
 from ..training.rng import seeded_init
-from .runs import TIMING_KEYS, claim_run_dir, data_identity, load_trained, training_status
+from .registry import RunKind
+from .run_dir import TIMING_KEYS, claim_run_dir, data_identity, load_trained, training_status
 
 __all__ = [
+    "RUN_KIND",
     "PAPER_SCHEDULE",
     "SIZES",
     "ParticleExperiment",
@@ -208,8 +211,8 @@ def run(
     ``force`` deletes a mismatched one instead of raising.
     """
     data = load_data(exp) if data is None else data
-    claim_run_dir(run_dir, exp.to_dict(), data_identity_of(exp, data), force=force,
-                  resume=resume)  # fmt: skip
+    claim_run_dir(run_dir, exp.to_dict(), data_identity_of(exp, data), kind="particles",
+                  force=force, resume=resume)  # fmt: skip
     return train(
         build_model(exp),
         data["train"],
@@ -270,3 +273,16 @@ def evaluate(run_dir: str | Path, data: dict | None = None, batch_size: int = 25
     if dd.is_main():
         write_json(result, Path(run_dir) / "eval.json")
     return result
+
+
+def _eval_line(run_dir: Path, n_samples: int, seed: int) -> str:
+    r = evaluate(run_dir)
+    return (f"[{r['system']}, {r['protocol']}, {r['manifold']}] test NLL {r['test_nll']:.3f} "
+            f"± {r['test_nll_sem']:.3f} nats | prior {r['prior_nll']:.3f} | uniform "
+            f"{r['uniform_nll']:.3f}")  # fmt: skip
+
+
+RUN_KIND = RunKind(
+    evaluate=_eval_line,
+    sample=lambda run_dir, n, seed, out: save_samples(load_run(run_dir)[1], n, seed, out),
+)

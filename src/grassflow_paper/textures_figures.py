@@ -1,4 +1,4 @@
-"""Paper §5.1 pictures: one run's figures, the prior figure, and Figures 3 and 4 with a table."""
+"""Paper §5.1: Figures 3 and 4 and the NLL table over the five textures."""
 
 from __future__ import annotations
 
@@ -7,58 +7,23 @@ from pathlib import Path
 
 import torch
 
-from ..data.textures import TEXTURES, sample_texture
-from ..distributions import MatrixGaussianPrior
-from ..flows import GrCNF
-from ..manifolds import Grassmann
-from ..training import PAPER_TEXTURES
-from ..training import distributed as dd
-from ..training.checkpoint import write_json
-from ..viz import SphereColumn, figure_antipodal, figure_prior_views, figure_textures
-from .runs import TIMING_KEYS, training_status
-from .textures import MMD_BANDWIDTH, TexturesExperiment, evaluate, load_run, run
+from grassflow.data.textures import TEXTURES, sample_texture
+from grassflow.tasks.run_dir import TIMING_KEYS, training_status
+from grassflow.tasks.texture_runs import (
+    MMD_BANDWIDTH,
+    PAPER_TEXTURES,
+    TexturesExperiment,
+    density_fn,
+    evaluate,
+    load_run,
+    plot_prior,
+    run,
+)
+from grassflow.training import distributed as dd
+from grassflow.training.checkpoint import write_json
+from grassflow.viz import SphereColumn, figure_antipodal, figure_textures
 
-__all__ = ["markdown_table", "plot_prior", "plot_run", "reproduce"]
-
-
-def plot_run(run_dir: str | Path, n_samples: int = 2000, seed: int = 0) -> list[Path]:
-    """``textures.png`` (Data / Generated / Density) and ``antipodal.png`` for one run."""
-    exp, model = load_run(run_dir)
-    dtype = model.prior_mean.dtype
-    gen = torch.Generator().manual_seed(seed)
-    data = sample_texture(exp.dataset, n_samples, seed=seed, dtype=dtype)
-    Y0 = model.sample_prior(n_samples, gen)
-    out = Path(run_dir)
-    with torch.no_grad():
-        generated = model.transport_forward(Y0)
-        antipodal = model.transport_forward(-Y0)
-    figure_textures(
-        [
-            SphereColumn("Prior", Y0, None, model.prior().log_prob),
-            SphereColumn(exp.dataset, data, generated, _density_fn(model)),
-        ],
-        out / "textures.png",
-        dtype=dtype,
-    )
-    figure_antipodal(-Y0, {exp.dataset: antipodal}, out / "antipodal.png")
-    return [out / "textures.png", out / "antipodal.png"]
-
-
-def _density_fn(model: GrCNF):
-    def log_prob(Y: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return model.log_prob(Y.to(model.prior_mean.dtype))
-
-    return log_prob
-
-
-def plot_prior(path: str | Path, sigma2: float = 0.5) -> Path:
-    """The paper's appendix prior figure: M = e1, U = sigma^2 I, V = I, sigma^2 = 0.5."""
-    gr = Grassmann(1, 3)
-    eye = torch.eye(3, dtype=torch.float64)
-    prior = MatrixGaussianPrior(gr, eye[:, :1], sigma2 * eye, eye[:1, :1])
-    figure_prior_views(prior.log_prob, path, dtype=torch.float64)
-    return Path(path)
+__all__ = ["markdown_table", "reproduce"]
 
 
 def reproduce(
@@ -104,7 +69,7 @@ def reproduce(
         with torch.no_grad():
             generated, antipodal[name] = model.transport_forward(Y0), model.transport_forward(-Y0)
         data = sample_texture(name, n_samples, seed=0, dtype=Y0.dtype)
-        columns.append(SphereColumn(name, data, generated, _density_fn(model)))
+        columns.append(SphereColumn(name, data, generated, density_fn(model)))
     if not dd.is_main():
         return rows
     prior = model.prior()

@@ -7,15 +7,16 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..data.point_clouds import write_xyz
-from ..data.qm9 import load_qm9_positional
-from ..metrics import distance_histogram
-from ..training import distributed as dd
-from ..training import read_metrics
-from ..training.checkpoint import write_json
-from ..viz.molecules import plot_nearest
+from grassflow.data.point_clouds import write_xyz
+from grassflow.data.qm9 import load_qm9_positional
+from grassflow.metrics import distance_histogram
+from grassflow.training import distributed as dd
+from grassflow.training import read_metrics
+from grassflow.training.checkpoint import write_json
+from grassflow.viz.molecules import plot_nearest
+
 from . import vs_enf
-from .qm9 import PAPER, QM9Experiment, evaluate, load_molecules, load_run, run
+from .qm9_runs import PAPER, QM9Experiment, evaluate, load_molecules, load_run, run
 
 __all__ = [
     "markdown_table", "plot_curve", "plot_figure5", "plot_histograms", "reproduce",

@@ -22,18 +22,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.particles import get_system
-from ..metrics import (
+from grassflow.data.particles import get_system
+from grassflow.metrics import (
     effective_sample_size,
     energy_w1,
     finite_energies,
     log_importance_weights,
 )
-from ..training.checkpoint import write_json
-from ..training.clock import Stopwatch
-from ..viz.energies import plot_energy_histograms
+from grassflow.tasks.run_dir import training_status
+from grassflow.training.checkpoint import write_json
+from grassflow.training.clock import Stopwatch
+from grassflow.viz.energies import plot_energy_histograms
+
 from . import efm, vs_enf
-from .runs import training_status
 
 __all__ = ["evaluate", "load_any", "plot"]
 

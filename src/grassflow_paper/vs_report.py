@@ -13,7 +13,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..training import read_metrics
+from grassflow.training import read_metrics
 
 __all__ = ["plot_test_nll", "plot_validation_curves"]
 

@@ -6,9 +6,8 @@ The clouds are split at random (seeded) into train / val / test. For a ShapeFlow
 trained, in ``run_dir/flow`` and ``run_dir/gram``: the GrCNF on Gr(d, n - 1) for the clouds'
 spans (flow matching by default, or maximum likelihood), then the Gram density by maximum
 likelihood. The Cartesian NLL is their sum plus a term of the data alone, so each part's
-validation NLL picks its checkpoint as the whole one would. :func:`train_shape_flow` and
-:func:`load_shape_flow` are this two-stage training and its loading for any :class:`ShapeFlow`;
-the QM9 experiment (:mod:`.qm9`) uses them too. The baseline (``model="equivariant-cnf"``) is
+validation NLL picks its checkpoint as the whole one would. The two-stage training is
+:func:`grassflow.training.train_shape_flow`. The baseline (``model="equivariant-cnf"``) is
 one flow, trained by flow matching in ``run_dir/flow`` on the whole budget.
 
 A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``gram/``, ``eval.json``,
@@ -24,26 +23,35 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor, nn
 
 from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
-from ..data.point_clouds import load_point_clouds, write_xyz
+from ..data.point_clouds import load_point_clouds, save_clouds, write_xyz
 from ..flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow
-from ..manifolds.shape_space import shape_factor
 from ..metrics import histogram, jsd
-from ..training import OBJECTIVES, TrainConfig, load_checkpoint, train
+from ..training import (
+    OBJECTIVES,
+    TrainConfig,
+    checkpoint_path,
+    load_shape_flow,
+    train_shape_flow,
+)
 from ..training.checkpoint import write_json
 from ..training.rng import seeded_init
-from .runs import checkpoint_path, claim_run_dir, data_identity, read_preset, training_status
+from .registry import RunKind
+from .run_dir import claim_run_dir, data_identity, read_preset, training_status
 
 __all__ = [
-    "MODELS", "GramTerm", "ShapeExperiment", "build_model", "evaluate", "load_clouds", "load_run",
-    "load_shape_flow", "plot", "run", "sample", "split_budget", "train_shape_flow",
+    "RUN_KIND",
+    "MODELS", "ShapeExperiment", "build_model", "evaluate", "load_clouds", "load_run", "plot",
+    "nll_summary", "run", "sample", "save_sampled_clouds", "split_budget",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
 MODELS = ("shapeflow", "equivariant-cnf")
+# preset fields added after runs were made: the value those runs had without saying so
+ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot", "gram_components": 1,
+                "gram_density": "wishart"}  # fmt: skip
 
 
 def split_budget(
@@ -206,74 +214,6 @@ def build_model(exp: ShapeExperiment) -> ShapeFlow | EquivariantCNF:
         ).double()  # fmt: skip
 
 
-class GramTerm(nn.Module):
-    """``log_prob(P)`` = the Gram density's term of :meth:`ShapeFlow.log_prob` (for training
-    it alone by maximum likelihood; it holds no flow parameters)."""
-
-    def __init__(self, model: ShapeFlow):
-        super().__init__()
-        self.gram = model.gram
-        self.register_buffer("H", model.H.clone(), persistent=False)  # follows .to(device)
-
-    def log_prob(self, P: Tensor) -> Tensor:
-        Y, lam, _ = shape_factor(self.H.mT @ (P - P.mean(dim=-2, keepdim=True)))
-        return self.gram.log_prob(torch.diag_embed(lam), Y)
-
-
-def train_shape_flow(
-    model: ShapeFlow,
-    train_clouds: Tensor,
-    val_clouds: Tensor,
-    run_dir: str | Path,
-    flow: TrainConfig,
-    gram: TrainConfig,
-    *,
-    objective: str = "fm",
-    n_val_flow: int | None = None,
-    progress: bool = True,
-) -> None:
-    """Train (or continue) both parts of ``model``, each resumably in its own directory.
-
-    First the flow on the canonical representatives of the training clouds' spans, by
-    ``objective`` (``"fm"``, ``"fm-ot"`` or ``"mle"``) with ``flow``, in ``run_dir/flow``;
-    then the Gram density by maximum likelihood (:class:`GramTerm`) with ``gram``, in
-    ``run_dir/gram``. A fresh Gram density first takes the training clouds' mean scale
-    (its ``initialize``); a resumed one continues from its checkpoint.
-
-    Args:
-        model: the :class:`ShapeFlow`, in the clouds' dtype; each part is moved in place to
-            its configuration's device and dtype.
-        train_clouds, val_clouds: ``(N, n, d)`` clouds (any translation).
-        run_dir: the run directory (``flow/`` and ``gram/`` are made in it).
-        flow, gram: the two training configurations.
-        objective: the flow's.
-        n_val_flow: validation clouds for the flow's exact NLL (None: all); the Gram density
-            is validated on all of them.
-        progress: show progress bars.
-    """
-    run_dir = Path(run_dir)
-    Y_train, S_train = model.factor(train_clouds)
-    Y_val = model.factor(val_clouds[:n_val_flow])[0]
-    model.gram.initialize(S_train, Y_train)
-    train(model.flow, Y_train, flow, run_dir / "flow", val_data=Y_val,
-          objective=OBJECTIVES[objective], resume=True, progress=progress)  # fmt: skip
-    train(GramTerm(model), train_clouds, gram, run_dir / "gram", val_data=val_clouds,
-          objective=OBJECTIVES["mle"], resume=True, progress=progress)  # fmt: skip
-
-
-def load_shape_flow(model: ShapeFlow, run_dir: str | Path, which: str = "best") -> ShapeFlow:
-    """``model`` with the ``which`` checkpoint of each part trained by
-    :func:`train_shape_flow` in ``run_dir`` (cast to ``model``'s dtype), in eval mode."""
-    run_dir = Path(run_dir)
-    for part, module in (("flow", model.flow), ("gram", model.gram)):
-        ckpt = load_checkpoint(checkpoint_path(run_dir / part, which), required=("model",))
-        state = ckpt["model"]
-        if part == "gram":  # saved from a GramTerm
-            state = {k.removeprefix("gram."): v for k, v in state.items()}
-        module.load_state_dict(state)
-    return model.eval()
-
-
 def run(
     exp: ShapeExperiment,
     run_dir: str | Path,
@@ -298,7 +238,8 @@ def run(
         exp = dataclasses.replace(exp, efm_labels=old.get("efm_labels") if old else True)
     identity = {"path": str(Path(exp.data).resolve()),
                 **data_identity(**{s: splits[s] for s in ("train", "val", "test")})}  # fmt: skip
-    claim_run_dir(run_dir, exp.to_dict(), identity, force=force, resume=resume,
+    claim_run_dir(run_dir, exp.to_dict(), identity, kind="shapes", added=ADDED_FIELDS,
+                  force=force, resume=resume,
                   budget_keys=("flow.iterations", "gram.iterations", "flow.total_budget_minutes",
                                "gram.total_budget_minutes"))  # fmt: skip
     model = build_model(exp)
@@ -400,3 +341,33 @@ def plot(run_dir: str | Path, path: str | Path | None = None, n_show: int = 4) -
     path = run_dir / "shapes.png" if path is None else Path(path)
     fig.savefig(path, dpi=110)
     return path
+
+
+def nll_summary(r: dict) -> str:
+    """A ShapeFlow's test NLL and its parts (a baseline's alone), from an ``eval.json``."""
+    if "test_nll_gram" not in r:
+        return f"{r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats per shape"
+    return (f"{r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats per shape = Grassmann "
+            f"{r['test_nll_grassmann']:.3f} (uniform {r['uniform_nll_grassmann']:.3f}) + Gram "
+            f"{r['test_nll_gram']:.3f} + Jacobian {r['test_nll_jacobian']:.3f}")  # fmt: skip
+
+
+def save_sampled_clouds(X: np.ndarray, out: str | Path, labels=None) -> str:
+    """:func:`~grassflow.data.point_clouds.save_clouds`, and what it wrote, in words."""
+    written = save_clouds(X, out, labels)
+    return f"wrote {len(X)} clouds {tuple(X.shape)} to " + ", ".join(map(str, written))
+
+
+def _eval_line(run_dir: Path, n_samples: int, seed: int) -> str:
+    r = evaluate(run_dir, n_samples=n_samples, seed=seed)
+    what = f"{r['potential']} potential" if r["model"] == "shapeflow" else r["model"]
+    return (f"[{r['n_points']} points in {r['dim']}-D, {what}] test NLL {nll_summary(r)} | "
+            f"pair-distance JSD {r['distance_jsd']:.4f}")  # fmt: skip
+
+
+def _sample_line(run_dir: Path, n: int, seed: int, out: Path) -> str:
+    labels = read_preset(run_dir, ShapeExperiment.from_dict, "shape").labels
+    return save_sampled_clouds(sample(run_dir, n, seed), out, labels)
+
+
+RUN_KIND = RunKind(evaluate=_eval_line, sample=_sample_line, plot=lambda run_dir: [plot(run_dir)])

@@ -16,12 +16,12 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..data.particle_files import missing_files
-from ..training import distributed as dd
-from ..training import read_metrics
-from ..training.checkpoint import write_json
-from . import particles as px
-from .runs import RunMismatch, training_status
+from grassflow.data.particle_files import missing_files
+from grassflow.tasks import particle_runs as px
+from grassflow.tasks.run_dir import RunMismatch, training_status
+from grassflow.training import distributed as dd
+from grassflow.training import read_metrics
+from grassflow.training.checkpoint import write_json
 
 __all__ = ["PAPER_NLL", "RunMismatch", "markdown_table", "reproduce"]
 

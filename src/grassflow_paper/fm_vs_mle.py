@@ -20,11 +20,18 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from ..training import PAPER_TEXTURES, atomic_save, load_checkpoint
-from ..training import distributed as dd
-from ..training.checkpoint import write_json
-from .runs import training_status
-from .textures import TexturesExperiment, build_model, claim, held_out, run
+from grassflow.tasks.run_dir import training_status
+from grassflow.tasks.texture_runs import (
+    PAPER_TEXTURES,
+    TexturesExperiment,
+    build_model,
+    claim,
+    held_out,
+    run,
+)
+from grassflow.training import atomic_save, load_checkpoint
+from grassflow.training import distributed as dd
+from grassflow.training.checkpoint import write_json
 
 __all__ = ["compare", "markdown_table"]
 

@@ -1,0 +1,201 @@
+"""``grassflow demo``, ``train``, ``eval``, ``sample`` and ``plot``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from .options import (
+    PARTICLE_SYSTEMS,
+    add_particle_data_options,
+    add_texture_preset,
+    add_train_options,
+    apply_overrides,
+)
+
+__all__ = ["add_commands"]
+
+
+def cmd_demo(args) -> None:
+    import torch
+
+    from ..tasks import texture_runs as tx
+
+    base = tx.DEMO_PAPER if args.preset == "paper" else tx.DEMO
+    exp = apply_overrides(dataclasses.replace(base, dataset=args.dataset), args)
+    out = Path(args.out)
+    resume = (out / "last.pt").exists()
+    if resume:
+        print(f"resuming the demo run in {out} (delete it to start over)")
+    print(f"method: GrCNF, {tx.describe(exp)}")
+    budget = exp.train.budget_minutes
+    limit = "" if budget is None else f" or {budget:g} {exp.train.clock} min, whichever first"
+    print(f"training GrCNF on '{exp.dataset}' (Gr(1,3)) for {exp.train.iterations:,} iterations"
+          f"{limit}, {torch.get_num_threads()} thread(s); run directory {out}")
+    tx.run(exp, out, resume=resume, progress=not args.no_progress)
+    result = tx.evaluate(out)
+    paths = tx.plot_run(out)
+    paths.append(tx.plot_prior(out / "prior.png"))
+    print(tx.eval_summary(result))
+    print(f"[{result['dataset']}] trained with {exp.objective} ({tx.describe(exp)})")
+    print("pictures:", ", ".join(str(p) for p in paths))
+
+
+def _particle_experiment(args):
+    from ..tasks import particle_runs as px
+
+    exp = px.ParticleExperiment(
+        system=args.dataset, protocol=args.protocol, n_train=args.n_train, source=args.source,
+        data_dir=args.data_dir, objective=args.objective or "mle", prior=args.prior or "gaussian",
+    )
+    return apply_overrides(exp, args)
+
+
+def _shape_experiment(args):
+    from ..tasks import shape_runs as shapes
+
+    flow_minutes = gram_minutes = None
+    if args.budget_minutes is not None and args.model == "equivariant-cnf":
+        flow_minutes = args.budget_minutes  # one model: the whole budget
+    elif args.budget_minutes is not None:  # the budget covers both parts
+        flow_minutes, gram_minutes = shapes.split_budget(args.budget_minutes)
+    flow = {"budget_minutes": flow_minutes, "iterations": args.iterations, "clock": args.clock,
+            "batch_size": args.batch_size, "lr": args.lr, "grad_clip": args.grad_clip,
+            "seed": args.seed, "device": args.device}  # fmt: skip
+    exp = shapes.ShapeExperiment(data=args.data, key=args.key, model=args.model,
+                                 potential=args.potential, gram_density=args.gram,
+                                 gram_components=args.gram_components,
+                                 prior=args.prior or "uniform",
+                                 objective=args.objective or "fm")  # fmt: skip
+    changes = {k: getattr(args, k) for k in ("atol", "rtol") if getattr(args, k) is not None}
+    exp = dataclasses.replace(exp, **changes)
+    exp.flow = exp.flow.replace(**{k: v for k, v in flow.items() if v is not None})
+    gram = {"iterations": args.gram_iterations, "budget_minutes": gram_minutes,
+            "clock": args.clock, "seed": args.seed, "device": args.device}  # fmt: skip
+    exp.gram = exp.gram.replace(**{k: v for k, v in gram.items() if v is not None})
+    return exp
+
+
+def cmd_train(args) -> None:
+    from ..tasks import particle_runs as px
+    from ..tasks import shape_runs as shapes
+    from ..tasks import texture_runs as tx
+
+    if args.data is not None:
+        exp = shapes.run(_shape_experiment(args), args.run_dir, resume=args.resume,
+                         progress=not args.no_progress)  # fmt: skip
+        name = " ShapeFlow" if exp.model == "shapeflow" else "n equivariant CNF (EFM baseline)"
+        print(f"trained a{name} of {exp.n_points} points in {exp.dim}-D in {args.run_dir}; "
+              f"`grassflow eval {args.run_dir}` for the test NLL")
+        return
+    if args.dataset in px.SIZES:
+        exp, module = _particle_experiment(args), px
+    else:
+        exp = tx.preset(args.preset, args.dataset)
+        if args.preset != "paper":  # its budget-bound iteration cap: the paper's count instead
+            exp.train = exp.train.replace(iterations=tx.PRESETS["paper"].train.iterations)
+        exp, module = apply_overrides(exp, args), tx
+    result = module.run(exp, args.run_dir, resume=args.resume, progress=not args.no_progress)
+    print(result.message or f"stopped: {result.stopped} after {result.iterations} iterations")
+
+
+def _run_kind(run_dir: str):
+    from ..tasks import registry
+
+    kind = registry.kind_of(run_dir)
+    return kind, registry.get(kind)
+
+
+def cmd_eval(args) -> None:
+    _, run_kind = _run_kind(args.run_dir)
+    print(run_kind.evaluate(Path(args.run_dir), args.n_samples, args.seed))
+    print(f"wrote {Path(args.run_dir) / 'eval.json'}")
+
+
+def cmd_sample(args) -> None:
+    kind, run_kind = _run_kind(args.run_dir)
+    if run_kind.sample is None:
+        raise ValueError(f"{args.run_dir} is a run of kind {kind!r}, which `grassflow sample` "
+                         "cannot sample")  # fmt: skip
+    line = run_kind.sample(Path(args.run_dir), args.n, args.seed, Path(args.out))
+    if line is not None:  # None: a torchrun rank that wrote nothing
+        print(line)
+
+
+def cmd_plot(args) -> None:
+    from ..tasks.texture_runs import plot_prior
+
+    if not (args.prior or args.run_dir):
+        raise SystemExit("grassflow plot: give a RUN_DIR and/or --prior OUT.png")
+    if args.prior:
+        print("wrote", plot_prior(args.prior, sigma2=args.sigma2))
+    if args.run_dir:
+        kind, run_kind = _run_kind(args.run_dir)
+        if run_kind.plot is None:
+            raise ValueError(f"{args.run_dir} is a run of kind {kind!r}, which has no pictures")
+        print("wrote", ", ".join(str(p) for p in run_kind.plot(Path(args.run_dir))))
+
+
+def add_commands(sub) -> None:
+    """Add demo, train, eval, sample and plot to ``sub`` (an :class:`.options.Subcommands`)."""
+    from ..data.textures import TEXTURES
+    from ..flows import GRAMS, POTENTIALS
+
+    p = sub.add_parser("demo", help="train on a texture (25,000 iterations, ~3 CPU minutes), "
+                                    "plot, print NLLs")
+    p.add_argument("--dataset", default="2spirals", choices=TEXTURES)
+    p.add_argument("--out", default="runs/demo", help="run directory")
+    p.add_argument("--preset", default="fourier", choices=("fourier", "paper"),
+                   help="fourier (default): flow matching with Fourier HorP features, the best "
+                        "picture in ~3 minutes; paper: the paper's model trained by MLE")
+    add_train_options(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("train", help="train a GrCNF on a texture or DW4/LJ13 (resumable)")
+    p.add_argument("--dataset", default="2spirals", choices=TEXTURES + PARTICLE_SYSTEMS)
+    p.add_argument("--run-dir", required=True)
+    add_texture_preset(p)
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/last.pt")
+    g = p.add_argument_group("your own point clouds (a ShapeFlow; --dataset is then ignored)")
+    g.add_argument("--data", help="an (N, n, d) .npy, an .npz, or a folder of .xyz files")
+    g.add_argument("--key", help="the array's name in an .npz")
+    g.add_argument("--model", default="shapeflow", choices=("shapeflow", "equivariant-cnf"),
+                   help="ours (default), or the equivariant flow-matching CNF baseline (EFM: "
+                        "an EGNN, one flow on the whole budget)")  # fmt: skip
+    g.add_argument("--potential", default="egnn", choices=POTENTIALS,
+                   help="the Grassmann field: an EGNN's velocity on the span's whitened points "
+                        "(default), or the gradient of a permutation-invariant graph potential "
+                        "or of the paper's MLP")  # fmt: skip
+    g.add_argument("--gram", default="distance", choices=tuple(GRAMS),
+                   help="the density of the cloud's scale and shape given its span: log-normal "
+                        "pair distances (default) or a Wishart mixture")  # fmt: skip
+    g.add_argument("--gram-components", type=int, default=1, help="mixture components of it")
+    g.add_argument("--gram-iterations", type=int, help="Gram density steps (after the flow)")
+    g = p.add_argument_group("DW4 / LJ13 data")
+    add_particle_data_options(g)
+    g.add_argument("--protocol", default="com-free", choices=("com-free", "paper"))
+    g.add_argument("--n-train", type=int, default=1000, help="training configurations")
+    g.add_argument("--prior", choices=("gaussian", "uniform"),
+                   help="base distribution: default gaussian (the paper's, sigma 0.3) for "
+                        "DW4/LJ13, uniform (permutation invariant) for --data")
+    add_train_options(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="test NLL and MMD of a trained run")
+    p.add_argument("run_dir")
+    p.add_argument("--n-samples", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("sample", help="draw samples and their log-densities to a .npz file")
+    p.add_argument("run_dir")
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--out", default="samples.npz")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_sample)
+
+    p = sub.add_parser("plot", help="pictures of a run and/or of the prior")
+    p.add_argument("run_dir", nargs="?")
+    p.add_argument("--prior", help="write the paper's prior-density figure to this PNG")
+    p.add_argument("--sigma2", type=float, default=0.5, help="prior variance for --prior")
+    p.set_defaults(func=cmd_plot)
