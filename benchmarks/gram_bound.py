@@ -43,8 +43,8 @@ def gram_nll(system: str, n_train: int, setting: str, minutes: float, runs: Path
     family, components, hidden, layers = SETTINGS[setting]
     data = load_enf_splits(system, n_train)
     with seeded_init(0):
-        model = ShapeFlow(*SHAPES[system], gram_components=components, gram_hidden=hidden,
-                          gram_layers=layers, gram=family).double()  # fmt: skip
+        model = ShapeFlow(*SHAPES[system], gram=family, gram_options={
+            "components": components, "hidden": hidden, "layers": layers}).double()  # fmt: skip
     Y, S = model.factor(data["train"])
     model.gram.initialize(S, Y)
     term = GramTerm(model)

@@ -23,7 +23,7 @@ def measure(n: int, d: int, chunk: int, path: str, out) -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = ShapeFlow(n, d, potential="graph", chunk_size=chunk).double().eval()
+    model = ShapeFlow(n, d, "graph", chunk_size=chunk).double().eval()
     model.flow.field.laplacian = path
     P = torch.randn(chunk, n, d, dtype=torch.float64)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -18,6 +18,7 @@ import time
 import torch
 
 from grassflow.flows import ShapeFlow
+from grassflow.flows.shape_flow import preset_field_options
 from grassflow.ode import divergence_exact
 from grassflow.training.flow_matching import flow_matching_losses
 
@@ -64,7 +65,8 @@ def main() -> None:
     rows = {}
     for name, (potential, hidden, layers) in FIELDS.items():
         torch.manual_seed(0)
-        model = ShapeFlow(args.n, args.d, potential=potential, hidden=hidden, layers=layers)
+        model = ShapeFlow(args.n, args.d, potential,
+                          field_options=preset_field_options(potential, hidden, layers))
         rows[name] = measure(model, args.repeats)
     base = rows["graph 32 x 2"]
     print(f"Gr({args.d}, {args.n - 1}), one thread, medians of {args.repeats}")

@@ -57,7 +57,7 @@ def clouds(system: str) -> dict[str, torch.Tensor]:
 def run(system: str, potential: str, args, data: dict) -> dict:
     n, d = data["train"].shape[1:]
     with seeded_init(0):
-        model = ShapeFlow(n, d, potential=potential).double()
+        model = ShapeFlow(n, d, potential).double()
     Y = {s: model.factor(x)[0] for s, x in data.items()}
     run_dir = Path(args.runs) / f"{system}-{potential}"
     cfg = TrainConfig(lr=1e-3, weight_decay=1e-12, batch_size=100, iterations=10**7,

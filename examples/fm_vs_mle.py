@@ -27,7 +27,8 @@ parser.add_argument("--tiny", action="store_true", help="a few CPU seconds per o
 parser.add_argument("--dataset", default="2sines", choices=TEXTURES)
 parser.add_argument("--preset", default="paper", choices=sorted(texture_runs.PRESETS),
                     help="the model (its own objective is replaced)")
-parser.add_argument("--objectives", nargs="+", default=["mle", "fm"])
+parser.add_argument("--objectives", nargs="+", default=["mle", "fm"],
+                    choices=["mle", "fm", "fm-ot"])
 parser.add_argument("--budget-minutes", type=float, default=None,
                     help="training CPU minutes per objective (default 1, tiny 0.03)")
 parser.add_argument("--out", help="run directory (default runs/fm_vs_mle[-tiny])")

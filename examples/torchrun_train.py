@@ -21,14 +21,15 @@ import json
 import torch
 
 from grassflow import Grassmann, GrCNF
-from grassflow.data.textures import sample_texture
+from grassflow.data.textures import TEXTURES, sample_texture
 from grassflow.training import OBJECTIVES, TrainConfig, distributed_mean_nll, mean_nll, train
 from grassflow.training import distributed as dd
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--tiny", action="store_true", help="a few steps (CI)")
 parser.add_argument("--objective", default="mle", choices=sorted(OBJECTIVES))
-parser.add_argument("--dataset", default="2spirals")
+parser.add_argument("--dataset", default="2spirals", choices=TEXTURES)
+parser.add_argument("--device", default="cpu", help='"auto": a GPU per process if enough')
 parser.add_argument("--batch-size", type=int, default=None, help="global batch (default 256)")
 parser.add_argument("--iterations", type=int, default=None, help="default 400 (tiny: 6)")
 parser.add_argument("--out", help="run directory (default runs/torchrun_train[-tiny])")
@@ -45,7 +46,7 @@ torch.manual_seed(args.seed)
 flow = GrCNF(Grassmann(1, 3))
 config = TrainConfig(batch_size=batch_size, iterations=iterations, val_every=None,
                      log_every=2 if args.tiny else 20, checkpoint_every=100, seed=args.seed,
-                     device="cpu")  # fmt: skip
+                     device=args.device)  # fmt: skip
 result = train(flow, Y_train, config, args.out, objective=OBJECTIVES[args.objective],
                resume=True, progress=not args.tiny)
 
@@ -61,4 +62,5 @@ if dd.is_main():
                "test_nll_one_process": single}  # fmt: skip
     (result.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"run directory: {result.run_dir} (rank 0 wrote it)")
+dd.barrier()  # no rank leaves the process group while rank 0 still checks and writes
 dd.shutdown()

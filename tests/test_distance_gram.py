@@ -244,7 +244,7 @@ def test_shape_flow_with_the_distance_gram_is_invariant_and_samples():
 
     n, d = 6, 3
     torch.manual_seed(10)
-    model = ShapeFlow(n, d, gram="distance", gram_hidden=16).double()
+    model = ShapeFlow(n, d, gram="distance", gram_options={"hidden": 16}).double()
     assert isinstance(model.gram, DistanceGram)
     P = 2.0 * torch.randn(40, n, d, dtype=torch.float64)
     Y, S = model.factor(P)

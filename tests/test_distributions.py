@@ -334,7 +334,7 @@ def test_shape_flow_gaussian_prior_gradients_are_finite():
     from grassflow import ShapeFlow
 
     torch.manual_seed(0)
-    m = ShapeFlow(5, 3, potential="mlp", prior="gaussian").double()
+    m = ShapeFlow(5, 3, "mlp", prior="gaussian").double()
     Y, _ = m.factor(torch.randn(8, 5, 3, dtype=torch.float64))
     Y = Y.detach().requires_grad_(True)
     (grad,) = torch.autograd.grad(m.flow.prior().log_prob_unchecked(Y).sum(), Y)

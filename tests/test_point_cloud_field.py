@@ -1,5 +1,5 @@
 """Tests for grassflow.nn.PointCloudField: a horizontal field on Gr(k, n - 1) from an EGNN on
-the span's whitened points, and ShapeFlow(potential="egnn") built on it.
+the span's whitened points, and ShapeFlow(field="egnn") built on it.
 
 The field is checked against its defining properties (horizontal, O(k)-equivariant,
 equivariant under relabelling through ``Q = H^T Pi H``), the GrCNF it drives against the
@@ -157,7 +157,8 @@ def test_shape_flow_egnn_is_normalized_and_invariant(gram):
 
     n, d = 5, 2
     if gram == "wishart":
-        model = ShapeFlow(n, d, potential="egnn", hidden=16, layers=2, gram_hidden=8,
+        model = ShapeFlow(n, d, "egnn", field_options={"hidden": 16, "layers": 2},
+                          gram_options={"hidden": 8},
                           chunk_size=4096, **TIGHT).eval()  # fmt: skip
         calibrate_gram(model, dof=n - 1.0, w_spread=0.1, dof_spread=0.03)
     else:

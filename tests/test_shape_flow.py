@@ -74,8 +74,10 @@ def make_model(
     ``field_rms`` the potential's output layer is rescaled so that the field's RMS norm over
     uniform [Y] at t = T / 2 is ``field_rms`` (how far the flow moves mass, whatever the
     random initialization); the Gram density from :func:`calibrate_gram`."""
-    kwargs = {"hidden": 8, "gram_hidden": 8, **TOL, **kwargs}
-    model = ShapeFlow(n, d, **kwargs).eval()
+    field = kwargs.pop("field", "graph")
+    options = {"widths": kwargs.pop("widths")} if field == "mlp" else {"hidden": 8}
+    kwargs = {"field_options": options, "gram_options": {"hidden": 8}, **TOL, **kwargs}
+    model = ShapeFlow(n, d, field, **kwargs).eval()
     field = scale_init_(model.flow.field, gain)
     if field_rms is not None:
         X = field(0.5 * model.flow.T.detach(), Grassmann(d, n - 1).random(500))
@@ -533,7 +535,7 @@ def test_bad_input_raises():
         with pytest.raises(ValueError):
             ShapeFlow(n, d)
     with pytest.raises(ValueError):
-        ShapeFlow(5, 2, potential="transformer")
+        ShapeFlow(5, 2, "transformer")
 
 
 # ------------------------------------------------------------------ the MLP potential
@@ -543,9 +545,9 @@ def test_non_invariant_options_are_not_permutation_invariant(potential, prior):
     # Helmert order, so relabelling changes log p; they keep O(d) and translation invariance
     # catches: a silently ignored potential / prior option
     n, d = 5, 2
-    kwargs = {"potential": potential, "prior": prior}
+    kwargs = {"field": potential, "prior": prior}
     if potential == "mlp":
-        kwargs["hidden"] = (16, 16)
+        kwargs["widths"] = (16, 16)
     model = make_model(n, d, **kwargs)
     P = torch.randn(6, n, d)
     with torch.no_grad():

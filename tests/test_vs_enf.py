@@ -109,7 +109,7 @@ def test_tiny_run_trains_evaluates_and_continues(tmp_path, fixed_pace):
     assert math.isfinite(r["test_nll"]) and r["test_nll"] == pytest.approx(parts, rel=1e-12)
     # catches: evaluating untrained parts, the wrong checkpoint or other test rows: the NLL
     # of a ShapeFlow built and loaded here by hand from the run's best checkpoints
-    model = ShapeFlow(4, 2, potential="graph", atol=1e-4, rtol=1e-4).double()
+    model = ShapeFlow(4, 2, "graph", atol=1e-4, rtol=1e-4).double()
     model.flow.load_state_dict(torch.load(run_dir / "flow" / "best.pt")["model"])
     gram = torch.load(run_dir / "gram" / "best.pt")["model"]
     model.gram.load_state_dict({k.removeprefix("gram."): v for k, v in gram.items()})

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from grassflow.data.qm9 import load_qm9_positional
 from grassflow.distributions.cartesian import cartesian_elbo, random_orthogonal
 from grassflow.flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, GrCNF, ShapeFlow
+from grassflow.flows.shape_flow import preset_field_options
 from grassflow.manifolds.shape_space import helmert_basis, shape_factor
 from grassflow.metrics import closest_pair_fraction, distance_histogram, jsd, mean_sem
 from grassflow.nn import PAPER_WIDTHS
@@ -213,9 +214,11 @@ def _models(exp: QM9Experiment, init_scale: Tensor | None = None) -> QM9Models:
     mlp = exp.potential == "mlp"
     with seeded_init(exp.seed):
         shape = ShapeFlow(
-            N + 1, K, potential=exp.potential, hidden=exp.hidden if mlp else exp.graph_hidden,
-            layers=exp.layers, prior=exp.prior, sigma=exp.sigma, atol=exp.atol, rtol=exp.rtol,
-            chunk_size=exp.chunk_size, gram=exp.gram, gram_components=exp.gram_components,
+            N + 1, K, exp.potential, exp.gram,
+            field_options=preset_field_options(
+                exp.potential, exp.hidden if mlp else exp.graph_hidden, exp.layers),
+            gram_options={"components": exp.gram_components}, chunk_size=exp.chunk_size,
+            prior=exp.prior, sigma=exp.sigma, atol=exp.atol, rtol=exp.rtol,
         ).double()  # fmt: skip
         decoder = DecoderModel(GramDecoder(ScaleEstimator(N, K, init_scale=init_scale)))
     return QM9Models(shape, decoder)

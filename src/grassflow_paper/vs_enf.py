@@ -35,6 +35,7 @@ import torch
 from grassflow.data.overlap import distinct_rows, novel_mask
 from grassflow.data.particle_files import missing_files, shared_data_dir
 from grassflow.flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow
+from grassflow.flows.shape_flow import preset_field_options
 from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.metrics import mean_sem
 from grassflow.tasks.registry import RunKind
@@ -291,10 +292,11 @@ def build_model(exp: ENFExperiment) -> ShapeFlow:
     """The untrained :class:`ShapeFlow` of ``exp`` (weights seeded by ``exp.seed``), float64."""
     with seeded_init(exp.seed):
         return ShapeFlow(
-            *SHAPES[exp.system], potential=exp.potential, hidden=exp.hidden, layers=exp.layers,
-            atol=exp.tol, rtol=exp.tol, gram_hidden=exp.gram_hidden,
-            gram_layers=exp.gram_layers, chunk_size=exp.chunk_size,
-            gram_components=exp.gram_components, gram=exp.gram,
+            *SHAPES[exp.system], exp.potential, exp.gram,
+            field_options=preset_field_options(exp.potential, exp.hidden, exp.layers),
+            gram_options={"hidden": exp.gram_hidden, "layers": exp.gram_layers,
+                          "components": exp.gram_components},
+            chunk_size=exp.chunk_size, atol=exp.tol, rtol=exp.tol,
         ).double()  # fmt: skip
 
 

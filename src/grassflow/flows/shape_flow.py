@@ -28,59 +28,122 @@ from ..nn.gram import DistanceGram, WishartGram
 from ..nn.graph import GraphPotential
 from .grcnf import GrCNF
 
-__all__ = ["DEFAULT_LAYERS", "GRAMS", "POTENTIALS", "ShapeFlow"]
+__all__ = ["DEFAULT_LAYERS", "GRAMS", "POTENTIALS", "ShapeFlow", "build_field", "build_gram",
+           "preset_field_options"]  # fmt: skip
 
 POTENTIALS = ("graph", "mlp", "egnn")
 DEFAULT_LAYERS = {"graph": 2, "mlp": 2, "egnn": 3}  # message-passing layers (the MLP has none)
 GRAMS = {"wishart": WishartGram, "distance": DistanceGram}  # densities of S given the span
 
 
+def build_field(
+    n_points: int,
+    dim: int,
+    kind: str = "graph",
+    labels: Tensor | None = None,
+    *,
+    hidden: int | None = None,
+    layers: int | None = None,
+    widths: tuple[int, ...] | None = None,
+) -> nn.Module:
+    """A horizontal, O(k)-equivariant field on Gr(``dim``, ``n_points`` - 1) for a ShapeFlow.
+
+    Args:
+        n_points, dim: the clouds' n and d.
+        kind: ``"graph"``: the gradient of a permutation-invariant message-passing potential
+            (:class:`~grassflow.nn.GraphPotential`); ``"egnn"``: not a gradient, an EGNN's
+            velocity on the span's whitened points made horizontal
+            (:class:`~grassflow.nn.PointCloudField`); ``"mlp"``: the gradient of the paper's
+            HorP + ConcatSquash potential (not invariant to relabelling).
+        labels: optional ``(n,)`` integer point labels (atom types), seen by graph and EGNN.
+        hidden, layers: the graph's or EGNN's width (default 32) and message-passing layers
+            (default :data:`DEFAULT_LAYERS`).
+        widths: the MLP's hidden widths (default the paper's LJ13 ones, 32-32-32).
+    """
+    if kind not in POTENTIALS:
+        raise ValueError(f"field must be one of {POTENTIALS} or an nn.Module, got {kind!r}")
+    layers = DEFAULT_LAYERS[kind] if layers is None else layers
+    width = 32 if hidden is None else int(hidden)
+    if kind == "graph":
+        return GrassmannField(GraphPotential(n_points, dim, width, layers, labels))
+    if kind == "egnn":
+        return PointCloudField(EGNNField(n_points, dim, width, layers, labels=labels), n_points)
+    widths = PAPER_WIDTHS["lj13"] if widths is None else tuple(widths)
+    return GrassmannField(Potential(n_points - 1, dim, widths))
+
+
+def preset_field_options(kind: str, hidden=None, layers: int | None = None) -> dict:
+    """:func:`build_field`'s options from an experiment preset's ``hidden`` and ``layers``;
+    presets keep one ``hidden`` field, the MLP's widths for ``"mlp"``, so saved runs load."""
+    if kind == "mlp":
+        return {"widths": None if hidden is None else tuple(hidden)}
+    return {"hidden": hidden, "layers": layers}
+
+
+def build_gram(
+    n_points: int,
+    dim: int,
+    kind: str = "wishart",
+    labels: Tensor | None = None,
+    *,
+    hidden: int = 32,
+    layers: int = 1,
+    components: int = 1,
+) -> nn.Module:
+    """A density of S given the span for a ShapeFlow: ``"wishart"`` (:class:`WishartGram`) or
+    ``"distance"`` (:class:`DistanceGram`: a log-normal around a least-squares fit of learned
+    pair distances, with per-pair precisions), a mixture of ``components``, conditioned by a
+    network of ``hidden`` width and ``layers`` layers."""
+    if kind not in GRAMS:
+        raise ValueError(f"gram must be one of {tuple(GRAMS)} or an nn.Module, got {kind!r}")
+    return GRAMS[kind](n_points, dim, hidden, layers, labels, components=components)
+
+
 class ShapeFlow(nn.Module):
     """Normalized density on clouds of ``n_points`` points in R^``dim`` (any translation).
+
+    It composes a :class:`GrCNF` on Gr(d, n - 1) for the clouds' spans (``self.flow``) and a
+    density of S given the span (``self.gram``). Pass each ready-made, or by name with its
+    options.
 
     Args:
         n_points: n, points per cloud (``n >= dim + 2``).
         dim: d, their dimension.
-        potential: the Grassmann part's field: the gradient of ``"graph"`` (a
-            permutation-invariant message-passing potential, default) or ``"mlp"`` (the
-            paper's HorP + ConcatSquash MLP), or ``"egnn"``: not a gradient, the velocity of an
-            EGNN on the span's whitened points made horizontal (:class:`PointCloudField`).
-        hidden: graph or EGNN width (default 32) or MLP widths (default 32-32-32).
-        layers: graph or EGNN message-passing layers (default 2 and 3).
+        field: the GrCNF's field: a name for :func:`build_field` (``"graph"``, default,
+            ``"egnn"`` or ``"mlp"``) or a horizontal, O(d)-equivariant ``nn.Module`` on
+            Gr(d, n - 1).
+        gram: the density of S given the span: a name for :func:`build_gram` (``"wishart"``,
+            default, or ``"distance"``) or a module with ``log_prob(S, Y)``,
+            ``sample(Y, generator)`` and ``initialize(S, Y)``.
         labels: optional ``(n,)`` integer point labels shared by all clouds (atom types of one
-            molecule), seen by the graph potential or the EGNN and by the Gram density.
-        prior: GrCNF base, ``"uniform"`` (default; permutation invariant) or ``"gaussian"``.
-        sigma, T, train_T, divergence, method, atol, rtol: see :class:`GrCNF`.
-        gram: the density of S given the span, ``"wishart"`` (:class:`WishartGram`, default)
-            or ``"distance"`` (:class:`DistanceGram`: a log-normal around a least-squares fit
-            of learned pair distances, with per-pair precisions; much sharper on LJ13).
-        gram_hidden, gram_layers, gram_components: of the Gram density (components: a
-            mixture of that many).
+            molecule), seen by the named graph or EGNN field and by the named Gram densities.
+        field_options: keyword arguments of :func:`build_field` (``hidden``, ``layers``,
+            ``widths``).
+        gram_options: keyword arguments of :func:`build_gram` (``hidden``, ``layers``,
+            ``components``).
         chunk_size: clouds per ODE solve in :meth:`log_prob` and :meth:`sample`; bounds the
             peak memory of the exact divergence (k(D - k) Hessian-vector products at once).
+        flow: a ready :class:`GrCNF` on Gr(d, n - 1) instead of ``field`` and
+            ``flow_options``.
+        **flow_options: keyword arguments of :class:`GrCNF` (``prior``, ``sigma``, ``T``,
+            ``train_T``, ``divergence``, ``method``, ``atol``, ``rtol``, ...). Defaults here:
+            ``prior="uniform"`` (invariant to relabelling), and for the Gaussian prior mean
+            ``I_{D,d}`` and covariances ``sigma^2 I``.
     """
 
     def __init__(
         self,
         n_points: int,
         dim: int,
-        potential: str = "graph",
-        hidden: int | tuple[int, ...] | None = None,
-        layers: int | None = None,
+        field: str | nn.Module = "graph",
+        gram: str | nn.Module = "wishart",
+        *,
         labels: Tensor | None = None,
-        prior: str = "uniform",
-        sigma: float = 0.3,
-        T: float = 1.0,
-        train_T: bool = True,
-        divergence: str = "exact",
-        method: str = "cayley_rkmk",
-        atol: float = 1e-5,
-        rtol: float = 1e-5,
-        gram_hidden: int = 32,
-        gram_layers: int = 1,
+        field_options: dict | None = None,
+        gram_options: dict | None = None,
         chunk_size: int = 16,
-        gram_components: int = 1,
-        gram: str = "wishart",
+        flow: GrCNF | None = None,
+        **flow_options,
     ):
         super().__init__()
         if not (isinstance(n_points, int) and isinstance(dim, int) and 1 <= dim <= n_points - 2):
@@ -88,32 +151,32 @@ class ShapeFlow(nn.Module):
                 f"a density on centred clouds of n points in d dimensions needs n >= d + 2, "
                 f"got n_points={n_points}, dim={dim}"
             )
-        if potential not in POTENTIALS:
-            raise ValueError(f"potential must be one of {POTENTIALS}, got {potential!r}")
         if not (isinstance(chunk_size, int) and chunk_size >= 1):
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         self.n_points, self.dim, self.chunk_size = n_points, dim, chunk_size
         D, k = n_points - 1, dim
-        width = 32 if hidden is None or potential == "mlp" else int(hidden)
-        layers = DEFAULT_LAYERS[potential] if layers is None else layers
-        if potential == "graph":
-            field = GrassmannField(GraphPotential(n_points, dim, width, layers, labels))
-        elif potential == "egnn":
-            field = PointCloudField(EGNNField(n_points, dim, width, layers, labels=labels),
-                                    n_points)  # fmt: skip
+        if flow is not None:
+            if flow_options or field_options or not isinstance(field, str) or field != "graph":
+                raise ValueError("pass either a ready `flow` or `field`, `field_options` and "
+                                 "GrCNF keyword arguments, not both")  # fmt: skip
+            if not isinstance(flow, GrCNF) or (flow.manifold.k, flow.manifold.D) != (k, D):
+                raise ValueError(f"flow must be a GrCNF on Gr({k}, {D}), got {flow!r}")
+            self.flow = flow
         else:
-            field = GrassmannField(
-                Potential(D, k, PAPER_WIDTHS["lj13"] if hidden is None else tuple(hidden))
-            )
-        self.flow = GrCNF(
-            Grassmann(k, D), field, prior=prior, prior_mean=torch.eye(D, k),
-            row_cov=sigma**2 * torch.eye(D), col_cov=sigma**2 * torch.eye(k), T=T,
-            train_T=train_T, divergence=divergence, method=method, atol=atol, rtol=rtol,
-        )  # fmt: skip
-        if gram not in GRAMS:
-            raise ValueError(f"gram must be one of {tuple(GRAMS)}, got {gram!r}")
-        self.gram = GRAMS[gram](n_points, dim, gram_hidden, gram_layers, labels,
-                                components=gram_components)  # fmt: skip
+            if isinstance(field, str):
+                field = build_field(n_points, dim, field, labels, **(field_options or {}))
+            elif field_options:
+                raise ValueError("field_options apply to a field given by name")
+            sigma = flow_options.pop("sigma", 0.3)
+            flow_options = {"prior": "uniform", "prior_mean": torch.eye(D, k),
+                            "row_cov": sigma**2 * torch.eye(D),
+                            "col_cov": sigma**2 * torch.eye(k), **flow_options}  # fmt: skip
+            self.flow = GrCNF(Grassmann(k, D), field, sigma=sigma, **flow_options)
+        if isinstance(gram, str):
+            gram = build_gram(n_points, dim, gram, labels, **(gram_options or {}))
+        elif gram_options:
+            raise ValueError("gram_options apply to a Gram density given by name")
+        self.gram = gram
         self.register_buffer("H", helmert_basis(n_points))  # float64; used in P's dtype
 
     def extra_repr(self) -> str:

@@ -27,6 +27,7 @@ import torch
 from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
 from ..data.point_clouds import load_point_clouds, save_clouds, write_xyz
 from ..flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow
+from ..flows.shape_flow import preset_field_options
 from ..metrics import histogram, jsd
 from ..training import (
     OBJECTIVES,
@@ -207,10 +208,10 @@ def build_model(exp: ShapeExperiment) -> ShapeFlow | EquivariantCNF:
                                   chunk_size=exp.chunk_size,
                                   labels=labels if exp.efm_labels else None).double()  # fmt: skip
         return ShapeFlow(
-            exp.n_points, exp.dim, potential=exp.potential, hidden=exp.hidden,
-            layers=exp.layers, labels=labels, prior=exp.prior, atol=exp.atol, rtol=exp.rtol,
-            chunk_size=exp.chunk_size, gram=exp.gram_density,
-            gram_components=exp.gram_components,
+            exp.n_points, exp.dim, exp.potential, exp.gram_density, labels=labels,
+            field_options=preset_field_options(exp.potential, exp.hidden, exp.layers),
+            gram_options={"components": exp.gram_components}, chunk_size=exp.chunk_size,
+            prior=exp.prior, atol=exp.atol, rtol=exp.rtol,
         ).double()  # fmt: skip
 
 

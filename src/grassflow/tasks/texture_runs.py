@@ -57,6 +57,7 @@ __all__ = [
     "plot_prior",
     "plot_run",
     "run",
+    "texture_stream",
 ]
 
 MMD_BANDWIDTH = 0.1  # the median heuristic (~0.65) is too coarse to tell textures apart
@@ -171,7 +172,9 @@ def preset(name: str, dataset: str = "2spirals", **changes) -> TexturesExperimen
 def describe(exp: TexturesExperiment) -> str:
     """One line naming the objective and the potential's features, e.g. for the demo."""
     objective = {"mle": "maximum likelihood", "fm": "flow matching",
-                 "fm-ot": "flow matching (minibatch OT pairs)"}[exp.objective]  # fmt: skip
+                 "fm-ot": "flow matching (minibatch OT pairs)",
+                 "fm-relabel": "flow matching (relabelled pairs)"}.get(exp.objective,
+                                                                       exp.objective)  # fmt: skip
     if exp.fourier_scale is None:
         features = f"tanh HorP features (width {exp.horp_width or 1}, the paper's)"
     else:
