@@ -1,7 +1,7 @@
 """Comparators that users can run too: models from the literature, on the same data,
 coordinates and training loop as ours, so that a comparison measures the models.
 
-:class:`EquivariantCNF` is the E(n)-equivariant CNF trained by flow matching (EFM; Klein,
+`EquivariantCNF` is the E(n)-equivariant CNF trained by flow matching (EFM; Klein,
 Krämer & Noé 2023), the model people use today for point-cloud densities.
 """
 

@@ -1,15 +1,15 @@
 r"""``EquivariantCNF``: the E(n)-equivariant flow-matching CNF (EFM), as a comparator.
 
 The model people use today for point-cloud densities (Klein, Krämer & Noé 2023): an EGNN
-velocity field (:class:`.EGNNField`) on centre-of-mass-free coordinates, from a CoM-free
-Gaussian prior, trained by conditional flow matching (:mod:`.matching`). Clouds ``P: (n, d)``
+velocity field (`EGNNField`) on centre-of-mass-free coordinates, from a CoM-free
+Gaussian prior, trained by conditional flow matching (`matching`). Clouds ``P: (n, d)``
 are centred and written in the Helmert basis H of 1-perp, ``z = H^T (P - mean): (n - 1, d)``,
-the space that :class:`~grassflow.flows.ShapeFlow` and E-NF's densities live on, so the NLLs
+the space that `ShapeFlow` and E-NF's densities live on, so the NLLs
 compare directly: nats per cloud, Lebesgue measure on the (n - 1) d CoM-free coordinates.
 
 * Prior: ``N(0, sigma^2 I)`` on z, normalized (its log-normalizer is included, unlike the
   bgflow code that EFM's published numbers come from); sigma is fitted to the training
-  clouds by maximum likelihood (:meth:`EquivariantCNF.fit_prior`).
+  clouds by maximum likelihood (`EquivariantCNF.fit_prior`).
 * Likelihood: ``log p(z_1) = log p_0(z_0) - int_0^1 div v(t, z_t) dt``, integrated backwards
   by dopri5 (torchdiffeq) with the exact divergence: the trace of the (n - 1) d x (n - 1) d
   Jacobian by forward-mode products along every basis direction. No Hutchinson estimate.
@@ -40,13 +40,18 @@ class EquivariantCNF(nn.Module):
     Args:
         n_points: n, points per cloud (>= 2).
         dim: d, their dimension.
-        hidden, layers, attention, coord_range: of the :class:`.EGNNField`.
-        prior_std: sigma of the CoM-free Gaussian prior (refitted by :meth:`fit_prior`).
-        atol, rtol: dopri5 tolerances of :meth:`log_prob` and :meth:`sample`.
+        hidden: width of the `EGNNField`.
+        layers: message-passing layers of the `EGNNField`.
+        attention: message gating of the `EGNNField`.
+        coord_range: per-layer displacement bound of the `EGNNField`.
+        prior_std: sigma of the CoM-free Gaussian prior (refitted by `fit_prior`).
+        atol: absolute dopri5 tolerance of `log_prob` and `sample`.
+        rtol: relative dopri5 tolerance (as atol).
         chunk_size: clouds per ODE solve; bounds the memory of the exact divergence
             ((n - 1) d forward-mode products at once).
-        labels, n_labels: optional ``(n,)`` integer point labels of the :class:`.EGNNField`
-            (e.g. atomic numbers) and their number; None keeps the unlabelled model.
+        labels: optional ``(n,)`` integer point labels of the `EGNNField` (e.g. atomic
+            numbers); None keeps the unlabelled model.
+        n_labels: number of label values (as in the `EGNNField`).
     """
 
     def __init__(
@@ -195,7 +200,7 @@ class EquivariantCNF(nn.Module):
             self.to(dtype)
 
     def forward(self, P: Tensor) -> Tensor:
-        """Alias of :meth:`log_prob`."""
+        """Alias of `log_prob`."""
         return self.log_prob(P)
 
     # ------------------------------------------------------------ sampling

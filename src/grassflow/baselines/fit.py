@@ -1,4 +1,4 @@
-"""Fitting an :class:`.EquivariantCNF` to clouds: resumable flow matching with the generic
+"""Fitting an `EquivariantCNF` to clouds: resumable flow matching with the generic
 training loop, the best checkpoint chosen by the exact validation NLL."""
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ def fit_equivariant_cnf(
 ) -> TrainResult:
     """Train (or continue) ``model`` on ``train_clouds: (N, n, d)`` in ``run_dir``.
 
-    The prior's scale is first fitted to the training clouds (:meth:`~.EquivariantCNF.
-    fit_prior`; the same value on resume). ``val_clouds: (M, n, d)`` are scored by the exact
+    The prior's scale is first fitted to the training clouds (`fit_prior`;
+    the same value on resume). ``val_clouds: (M, n, d)`` are scored by the exact
     NLL at ``config``'s validation times, and the best model is ``run_dir/best.pt``.
 
     Args:
-        coupling: of the minibatch pairs, one of :data:`.CFM_COUPLINGS`.
+        coupling: of the minibatch pairs, one of `CFM_COUPLINGS`.
     """
     if coupling not in CFM_COUPLINGS:
         raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {coupling!r}")

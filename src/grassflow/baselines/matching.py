@@ -1,4 +1,4 @@
-"""Conditional flow matching for :class:`.EquivariantCNF`, with equivariant minibatch OT.
+"""Conditional flow matching for `EquivariantCNF`, with equivariant minibatch OT.
 
 A prior cloud ``x0`` and a data cloud ``x1`` (both centred) are joined by the straight line
 ``x_t = (1 - t) x0 + t x1``; the field is regressed onto ``x1 - x0``. The pairs of a minibatch
@@ -9,7 +9,7 @@ are chosen by a coupling:
 * ``"equivariant-ot"`` (EFM's "equivariant OT", as far as affordable on a CPU): the cost of
   a pair is its squared distance after the best orthogonal transformation of ``x1``
   (Procrustes, reflections allowed, for all B^2 pairs in one batched SVD); after the
-  assignment, each chosen ``x1`` is relabelled and rotated towards its ``x0`` (:func:`align`:
+  assignment, each chosen ``x1`` is relabelled and rotated towards its ``x0`` (`align`:
   alternating Hungarian relabelling and Procrustes rotation from several starts). EFM
   searches the relabelling for all B^2 pairs; here it is done for the B chosen pairs only,
   because B^2 Hungarian solves per step would cost more than the step itself. The data law
@@ -79,7 +79,7 @@ def _axis_starts(x0: Tensor, x1: Tensor) -> Tensor:
 def align(x0: Tensor, x1: Tensor, rounds: int = 1, labels: Tensor | None = None) -> Tensor:
     """``x1`` relabelled and rotated towards ``x0`` (both ``(B, n, d)``, centred).
 
-    From each of the 2^d principal-axis starts (:func:`_axis_starts`) and from the
+    From each of the 2^d principal-axis starts (`_axis_starts`) and from the
     Procrustes rotation, ``rounds`` of (Hungarian relabelling of x1's points to x0's, then
     Procrustes rotation); the closest result per pair is kept. A local search: it can miss
     the global optimum, but it never returns x1 farther from x0 than the rotation alone.
@@ -115,12 +115,12 @@ def cfm_losses(model: nn.Module, x0: Tensor, x1: Tensor, t: Tensor) -> Tensor:
 def cfm_objective(
     model: nn.Module, batch: Tensor, coupling: str = "equivariant-ot"
 ) -> tuple[Tensor, dict[str, Any]]:
-    """Flow-matching loss of an :class:`.EquivariantCNF` on a batch of clouds ``(B, n, d)``
+    """Flow-matching loss of an `EquivariantCNF` on a batch of clouds ``(B, n, d)``
     (any translation). Prior clouds and times come from the global RNG, which the training
     loop seeds and checkpoints.
 
     Returns:
-        The mean of :func:`cfm_losses` and stats ``{"nfe": 0}``.
+        The mean of `cfm_losses` and stats ``{"nfe": 0}``.
     """
     if coupling not in CFM_COUPLINGS:
         raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {coupling!r}")

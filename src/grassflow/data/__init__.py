@@ -1,6 +1,6 @@
 """Data: the paper's textures, DW4 and LJ13 (energies, MCMC, the published files), QM9
 positional, users' own point clouds (``.npy``, ``.npz``, ``.xyz``) and conformer ensembles of
-their molecules. The Grassmann representation of clouds is :mod:`grassflow.manifolds.shape_space`.
+their molecules. The Grassmann representation of clouds is `grassflow.manifolds.shape_space`.
 """
 
 from .conformers import ConformerEnsemble, conformer_ensemble

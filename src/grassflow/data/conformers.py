@@ -1,15 +1,15 @@
 """Thermal conformer ensembles of small molecules, generated with RDKit's MMFF94 force field.
 
-:func:`conformer_ensemble` turns a SMILES string into ``N`` conformers (explicit hydrogens)
+`conformer_ensemble` turns a SMILES string into ``N`` conformers (explicit hydrogens)
 drawn from the Boltzmann distribution ``exp(-E / kT)`` of the MMFF94 energy ``E`` (kcal/mol):
 ETKDGv3 embeddings from one seed per chain, each MMFF-optimised, start ``C`` Markov chains.
 Every sweep is one MALA step in Cartesian coordinates (bond lengths and angles fluctuate) and,
 every ``torsion_every`` sweeps, a Metropolis rotation of one rotatable bond's smaller side by
 a uniform angle (torsions hop between minima, which small Cartesian steps would almost never
 do). Both kernels leave the target invariant; MALA step sizes adapt during burn-in only.
-:func:`grassflow.data.mcmc.sample_mcmc` is not reused: its energies are torch functions and it
-has no torsion moves. :func:`save_ensemble` / :func:`load_ensemble` cache an ensemble as an
-``.npz`` that :func:`~grassflow.data.point_clouds.load_point_clouds` reads too.
+`grassflow.data.mcmc.sample_mcmc` is not reused: its energies are torch functions and it
+has no torsion moves. `save_ensemble` / `load_ensemble` cache an ensemble as an
+``.npz`` that `load_point_clouds` reads too.
 
 RDKit is optional: ``pip install "grassflow[molecules]"``.
 
@@ -41,7 +41,7 @@ KB_KCAL = 0.0019872043  # Boltzmann's constant in kcal/(mol K): kT = 0.596 kcal/
 
 @dataclass
 class ConformerEnsemble(PointClouds):
-    """:class:`PointClouds` of one molecule, with its graph.
+    """`PointClouds` of one molecule, with its graph.
 
     Attributes:
         bonds: ``(B, 2)`` int64 atom index pairs ``i < j`` of the covalent bonds.
@@ -154,12 +154,14 @@ def conformer_ensemble(
         n: conformers to return (>= 1).
         seed: seed of the embeddings and the chains.
         temperature: in K (> 0).
-        n_chains, burn_in, thin, torsion_every: sampler settings (positive integers;
-            burn_in >= 0).
+        n_chains: independent chains (>= 1).
+        burn_in: sweeps before the first kept state (>= 0).
+        thin: keep every ``thin``-th state after burn-in (>= 1).
+        torsion_every: sweeps between torsion moves (>= 1).
         step: initial MALA step ``h`` in Å².
 
     Returns:
-        :class:`ConformerEnsemble`: positions ``(n, n_atoms, 3)`` Å (rows ordered by time,
+        `ConformerEnsemble`: positions ``(n, n_atoms, 3)`` Å (rows ordered by time,
         then chain), labels ``(n, n_atoms)`` atomic numbers, the bonds and ``stats`` with
         ``acceptance`` (MALA), ``torsion_acceptance``, ``step`` (mean final ``h``),
         ``rotatable_bonds``, ``mean_energy`` (kcal/mol, kept states) and ``cpu_seconds``.
@@ -271,7 +273,7 @@ def save_ensemble(path: str | os.PathLike, ens: ConformerEnsemble) -> Path:
 
 
 def load_ensemble(path: str | os.PathLike) -> ConformerEnsemble:
-    """The ensemble written by :func:`save_ensemble`."""
+    """The ensemble written by `save_ensemble`."""
     path = Path(path)
     with np.load(path, allow_pickle=False) as z:
         missing = {"positions", "labels", "bonds", "smiles"} - set(z.files)
@@ -289,7 +291,7 @@ def load_ensemble(path: str | os.PathLike) -> ConformerEnsemble:
 
 
 def cached_ensemble(path: str | os.PathLike, smiles: str, n: int, **kwargs) -> ConformerEnsemble:
-    """:func:`conformer_ensemble` ``(smiles, n, **kwargs)``, read from ``path`` (``.npz``) if
+    """`conformer_ensemble` ``(smiles, n, **kwargs)``, read from ``path`` (``.npz``) if
     it was saved there before, else generated and saved there.
 
     Raises:

@@ -1,8 +1,8 @@
 """Vectorised MCMC (random-walk Metropolis and MALA) and particle-system datasets.
 
-:func:`sample_mcmc` runs ``C`` independent chains in lock step on a target ``exp(-U(x))``;
-:func:`make_dataset` uses it to draw training/test sets of the DW4 and LJ13 systems of
-:mod:`grassflow.data.particles`, and :func:`save_dataset` writes them as ``.npy``.
+`sample_mcmc` runs ``C`` independent chains in lock step on a target ``exp(-U(x))``;
+`make_dataset` uses it to draw training/test sets of the DW4 and LJ13 systems of
+`grassflow.data.particles`, and `save_dataset` writes them as ``.npy``.
 
 Step sizes are adapted per chain during burn-in only and then frozen, so the kept part of
 every chain is an ordinary (time-homogeneous) Metropolis-Hastings chain that leaves the
@@ -225,9 +225,9 @@ def make_dataset(
     energy: Callable[[Tensor], Tensor] | None = None,
     progress: bool = True,
 ) -> tuple[np.ndarray, dict]:
-    """Draw ``n`` samples of a particle system with MALA (see :data:`DATASET_DEFAULTS`).
+    """Draw ``n`` samples of a particle system with MALA (see `DATASET_DEFAULTS`).
 
-    Defaults (``None`` arguments, :data:`DATASET_DEFAULTS`); times are for one CPU core.
+    Defaults (``None`` arguments, `DATASET_DEFAULTS`); times are for one CPU core.
 
     - **DW4**: 4000 chains started from ``N(0, 2^2)`` positions, burn-in 5000, thin 1000,
       initial step 0.02 (adapts to ``h ~ 0.023`` at acceptance 0.57). Measured lag
@@ -259,14 +259,17 @@ def make_dataset(
         system: ``"dw4"`` or ``"lj13"``.
         n: number of samples.
         seed: seed of the generator that draws the initial states and runs the chains.
-        n_chains, burn_in, thin, step: override the per-system defaults.
+        n_chains: number of chains (None: the system's default).
+        burn_in: steps before the first kept state (None: the system's default).
+        thin: steps between kept states (None: the system's default).
+        step: initial step ``h`` (None: the system's default).
         energy: ``(C, n_particles, dim) -> (C,)`` energy to sample instead of the system's,
             e.g. ``partial(lj13_energy, pairs="unique")``; the initial states are the same.
         progress: show a progress bar.
 
     Returns:
         ``(n, n_particles * dim)`` float32 flattened positions, not centred (rows ordered by
-        time first, then chain, see :func:`sample_mcmc`), and the sampler's stats extended
+        time first, then chain, see `sample_mcmc`), and the sampler's stats extended
         with ``system``, ``seed`` and the initial ``step``.
     """
     sys_ = get_system(system)

@@ -7,13 +7,13 @@ on is not a held-out number, so these helpers count such repeats.
 
 Two notions of "the same configuration":
 
-* **Verbatim** (:func:`distinct_rows`, :func:`deduplicate`, :func:`contained_mask`,
-  :func:`novel_mask`, :func:`overlap_report`): two rows are equal when all their values are
+* **Verbatim** (`distinct_rows`, `deduplicate`, `contained_mask`,
+  `novel_mask`, `overlap_report`): two rows are equal when all their values are
   equal as numbers, i.e. their bytes are equal after a cast to one dtype and after ``-0.0`` is
   made ``0.0``. This is the right test for float32 files whose repeats are copies of a row; it
   finds verbatim repeats only, not a configuration that recurs rotated, translated, reflected,
   with its points permuted, or perturbed by rounding.
-* **Up to symmetry** (:func:`distance_fingerprint`, :func:`invariant_match_mask`): two
+* **Up to symmetry** (`distance_fingerprint`, `invariant_match_mask`): two
   configurations match when their sorted interpoint distances agree within a tolerance. Equal
   configurations up to rotation, reflection, translation and a permutation of the points
   always match; the converse can fail (distinct point sets can share all distances), so a
@@ -110,16 +110,16 @@ def deduplicate(X: Any) -> tuple[np.ndarray, np.ndarray]:
     """The distinct rows of ``X`` (first occurrences, order kept) and how often each occurs.
 
     Args:
-        X: ``(N, ...)`` array or tensor (see :func:`distinct_rows`).
+        X: ``(N, ...)`` array or tensor (see `distinct_rows`).
 
     Returns:
         ``(X_unique, counts)``: ``X_unique`` is a numpy ``(M, ...)`` array, ``X`` at
-        :func:`distinct_rows`; ``counts`` is int64 ``(M,)``, the number of rows of ``X``
+        `distinct_rows`; ``counts`` is int64 ``(M,)``, the number of rows of ``X``
         equal to each (``counts.sum() == N``; the number of distinct rows is
         ``len(X_unique)``).
 
     Raises:
-        ValueError: as :func:`distinct_rows`.
+        ValueError: as `distinct_rows`.
     """
     (X,), dtype = _checked({"X": X})
     if len(X) == 0:
@@ -144,7 +144,7 @@ def contained_mask(X: Any, *others: Any) -> np.ndarray:
         marked at each of its positions. All False when ``others`` is empty.
 
     Raises:
-        ValueError: a trailing shape differs from ``X``'s, or as :func:`distinct_rows`.
+        ValueError: a trailing shape differs from ``X``'s, or as `distinct_rows`.
     """
     arrays, dtype = _checked({"X": X, **{f"others[{i}]": A for i, A in enumerate(others)}})
     X, rest = arrays[0], arrays[1:]
@@ -166,10 +166,10 @@ def novel_mask(test: Any, *others: Any) -> np.ndarray:
         *others: ``(N_i, ...)`` arrays or tensors, e.g. the training and validation sets.
 
     Returns:
-        bool ``(N,)``, the negation of :func:`contained_mask`.
+        bool ``(N,)``, the negation of `contained_mask`.
 
     Raises:
-        ValueError: as :func:`contained_mask`.
+        ValueError: as `contained_mask`.
     """
     return ~contained_mask(test, *others)
 
@@ -192,7 +192,7 @@ def overlap_report(train: Any, val: Any, test: Any) -> dict[str, int]:
         validation rows occurring in train ``val_in_train``.
 
     Raises:
-        ValueError: the trailing shapes differ, or as :func:`distinct_rows`.
+        ValueError: the trailing shapes differ, or as `distinct_rows`.
     """
     (train, val, test), _ = _checked({"train": train, "val": val, "test": test})
     in_train = contained_mask(test, train)
@@ -230,7 +230,7 @@ def distance_fingerprint(X: Any) -> np.ndarray:
         configuration in increasing order.
 
     Raises:
-        ValueError: ``X`` is not ``(N, n, d)`` with ``n >= 2``, or as :func:`distinct_rows`.
+        ValueError: ``X`` is not ``(N, n, d)`` with ``n >= 2``, or as `distinct_rows`.
     """
     X = _as_array(X, "X")
     if X.ndim != 3 or X.shape[1] < 2 or X.shape[2] < 1:
@@ -245,7 +245,7 @@ def invariant_match_mask(X: Any, *others: Any, atol: float = 1e-4) -> np.ndarray
     """Which configurations of ``X`` match one in ``others`` up to rotation, reflection,
     translation and permutation of the points, to within ``atol``.
 
-    Two configurations match when their :func:`distance_fingerprint` vectors differ by at most
+    Two configurations match when their `distance_fingerprint` vectors differ by at most
     ``atol`` in every entry. Equal configurations up to those symmetries (and rounding below
     ``atol``) always match; configurations that match need not be equal (distinct point sets
     can share all interpoint distances), so the count of matches is an upper bound on repeats

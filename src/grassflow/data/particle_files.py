@@ -237,11 +237,12 @@ def load_splits(
 
     Args:
         system: ``"dw4"`` (4 particles in 2-D) or ``"lj13"`` (13 particles in 3-D).
-        source: one of :data:`SOURCES` (module docs give each layout's protocol).
-        data_dir: folder holding the files :data:`SOURCE_FILES` names for
+        source: one of `SOURCES` (module docs give each layout's protocol).
+        data_dir: folder holding the files `SOURCE_FILES` names for
             ``(source, system)``.
         n_train: training set size (>= 1).
-        n_val, n_test: held-out set sizes (>= 0); the published protocols use 1000.
+        n_val: validation set size (>= 0); the published protocols use 1000.
+        n_test: test set size (as n_val).
 
     Returns:
         ``{"train": (n_train, n, d), "val": (n_val, n, d), "test": (n_test, n, d)}``,

@@ -101,7 +101,9 @@ def dw4_energy(
 
     Args:
         x: ``(..., 4, 2)`` positions.
-        b, c, d0: quadratic and quartic coefficients and the centre distance.
+        b: quadratic coefficient.
+        c: quartic coefficient.
+        d0: the centre distance.
         tau: temperature.
 
     Returns:
@@ -161,7 +163,7 @@ class ParticleSystem:
     """A system of ``n_particles`` identical particles in ``dim`` dimensions.
 
     Attributes:
-        name: short name (a key of :data:`SYSTEMS`).
+        name: short name (a key of `SYSTEMS`).
         n_particles: number of particles.
         dim: spatial dimension.
         energy: ``(..., n_particles, dim) -> (...)`` potential energy.
@@ -185,7 +187,7 @@ SYSTEMS: dict[str, ParticleSystem] = {
 
 
 def get_system(name: str) -> ParticleSystem:
-    """The :class:`ParticleSystem` called ``name`` (case-insensitive)."""
+    """The `ParticleSystem` called ``name`` (case-insensitive)."""
     key = name.lower() if isinstance(name, str) else name
     if key not in SYSTEMS:
         raise ValueError(f"unknown particle system {name!r}; choose one of {sorted(SYSTEMS)}")

@@ -2,7 +2,7 @@
 
 A shape model is a density on centred clouds of ``n`` points in ``d`` dimensions; internally a
 cloud is a point of the com-free Grassmann Gr(d, n - 1), so every cloud needs ``n >= d + 2``
-points and full rank ``d`` after centring. :func:`load_point_clouds` reads the clouds, checks
+points and full rank ``d`` after centring. `load_point_clouds` reads the clouds, checks
 them (one shape, numeric, finite, enough points) and skips, with a note and one warning, the
 rank-deficient ones (collinear points in 3-D, say). Positions are returned as read, not centred.
 
@@ -67,7 +67,7 @@ def load_point_clouds(
             largest is rank deficient: it is skipped, noted in ``skipped`` and warned about.
 
     Returns:
-        :class:`PointClouds` with the ``N`` kept clouds.
+        `PointClouds` with the ``N`` kept clouds.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.

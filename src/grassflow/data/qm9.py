@@ -317,7 +317,7 @@ def load_qm9_positional(
         ``s``: float64 ``(N_s, 19, 3)`` positions in Å, centred per molecule (mean atom
         position 0); ``s_index``: int64 ``(N_s,)`` QM9 indices (1-based, as in
         ``gdb_<index>``); ``s_charges``: int64 ``(N_s, 19)`` atomic numbers (H=1, C=6, N=7,
-        O=8, F=9), atom order as ``s``. ``N_s`` is :data:`SPLIT_SIZES_19`.
+        O=8, F=9), atom order as ``s``. ``N_s`` is `SPLIT_SIZES_19`.
 
     Raises:
         ImportError: the cache must be built and ``qm9pack`` is not installed.

@@ -11,14 +11,14 @@ is the line spanned by ``y`` (drawn as the antipodal pair ``+-y`` on the sphere)
 The batch-wise max norm means that the scale of a batch depends slightly on its size and
 on its own outliers: a batch of 500 is on average squeezed a bit more than a batch of 50.
 This is the paper's behaviour and is kept on purpose; compare sets of similar size (or
-the fixed splits from :func:`texture_splits`) when measuring distances between them.
+the fixed splits from `texture_splits`) when measuring distances between them.
 
 Differences from Listing 1, none of which change the per-point distribution:
 
 - swiss roll and circles are small numpy re-implementations (no scikit-learn);
 - the circles in ``2circles`` and the ring in ``target`` use i.i.d. uniform angles
   instead of evenly spaced ones, so that a batch is an i.i.d. sample (needed by unbiased
-  estimators such as :func:`grassflow.metrics.mmd2`);
+  estimators such as `grassflow.metrics.mmd2`);
 - every batch is shuffled (Listing 1 returns the spiral arms and the circles in blocks),
   and odd batch sizes are allowed.
 
@@ -174,11 +174,12 @@ def sample_texture(
     """Draw one batch of a texture on Gr(1, 3).
 
     Args:
-        name: one of :data:`TEXTURES`.
+        name: one of `TEXTURES`.
         n: batch size (>= 1). The batch is normalized by its own max norm (module docs).
         seed: seed for a fresh ``numpy.random.Generator``; ``None`` for OS entropy.
         generator: an existing generator to draw from (advances it); excludes ``seed``.
-        dtype, device: of the returned tensor (the math runs in float64).
+        dtype: of the returned tensor (the math runs in float64).
+        device: of the returned tensor.
 
     Returns:
         ``Y: (n, 3, 1)`` orthonormal representatives with ``Y[:, 0, 0] > 0``.
@@ -220,9 +221,10 @@ class TextureSampler:
     """An infinite stream of fresh training batches (the paper never reuses data).
 
     Args:
-        name: one of :data:`TEXTURES`.
+        name: one of `TEXTURES`.
         seed: seed of the stream; ``None`` for OS entropy.
-        dtype, device: of the returned batches.
+        dtype: of the returned batches.
+        device: of the returned batches.
 
     Example:
         >>> sampler = TextureSampler("2spirals", seed=0)

@@ -17,7 +17,7 @@ Conventions (all densities are w.r.t. these measures):
   (``Grassmann.log_volume``: V_Gr = pi^{k(n-k)/2} Gamma_k(k/2) / Gamma_k(n/2)).
 * O(k): the metric (1/2) tr(Om^T Om) on skew Om = Q^T dQ, i.e. the fibre metric of
   St(n, k) -> Gr(k, n) for the canonical Stiefel metric (Muirhead's (Q^T dQ)). Then
-  Vol(O(k)) = 2^k pi^{k^2/2} / Gamma_k(k/2) (:func:`log_volume_orthogonal`; O(2) = 4 pi).
+  Vol(O(k)) = 2^k pi^{k^2/2} / Gamma_k(k/2) (`log_volume_orthogonal`; O(2) = 4 pi).
 * lam: Lebesgue measure on the chamber lam_1 > ... > lam_k > 0.
 * SPD(k): Lebesgue measure on the k(k+1)/2 entries S_ij, i <= j.
 
@@ -35,18 +35,18 @@ for any integrable f and any representative Y of each [Y],
 
     L(lam) = log[4^{-k} Vol(O(k))^2] + (n-k-1)/2 sum_i log lam_i + sum_{i<j} log(lam_i - lam_j)
            = k^2 log(pi) - 2 log Gamma_k(k/2) + (n-k-1)/2 sum_i log lam_i
-             + sum_{i<j} log(lam_i - lam_j)                                (:func:`log_jacobian`).
+             + sum_{i<j} log(lam_i - lam_j)                                (`log_jacobian`).
 
 Note the two Haar variables: R (rotations of the coordinates) and Q, the orientation of the
 principal axes (the columns of Y) inside the subspace [Y]. ([Y], lam, R) alone has
-k(k-1)/2 dimensions too few. :func:`cartesian_log_prob` takes Q Haar-uniform, which gives the
+k(k-1)/2 dimensions too few. `cartesian_log_prob` takes Q Haar-uniform, which gives the
 exactly normalized, O(k)-invariant density
 
     log p(P) = log p_Gr([Y]) + log p_lam(lam | Y) - L(lam),
 
 with p_lam a normalized density on the chamber for each canonical Y. The i.i.d. Gaussian is
 of this form (Y, lam and R independent, [Y] uniform, lam Wishart eigenvalues, Muirhead
-Thm 3.2.18, :func:`wishart_eigenvalue_log_prob`). Unless p_lam vanishes like
+Thm 3.2.18, `wishart_eigenvalue_log_prob`). Unless p_lam vanishes like
 prod_{i<j}(lam_i - lam_j) at ties, p(P) is unbounded (but integrable) near configurations
 with repeated principal moments.
 
@@ -56,7 +56,7 @@ measurable choice of orthonormal representative; no 2^k). With S = B B^T,
 dB = 2^{-k} det(S)^{-1/2} dS dvol_O(k) (Muirhead Thm 2.1.14, square case), so
 
     log p(P) = log p_Gr([Y]) + log p_S(S | Y) - (k^2/2) log(pi) + log Gamma_k(k/2)
-               - (n-k-1)/2 log det S                          (:func:`cartesian_log_prob_gram`),
+               - (n-k-1)/2 log det S                          (`cartesian_log_prob_gram`),
 
 where p_S(. | Y) is a density on SPD(k) that must be equivariant,
 p_S(Q^T S Q | Y Q) = p_S(S | Y), so that any representative gives the same value; this
@@ -66,7 +66,7 @@ p_S = 2^k p_lam / (Vol(O(k)) prod_{i<j}(lam_i - lam_j)), Muirhead Thm 3.2.17).
 The paper's QM9 model (scale estimator + -ELBO) is this Gram form with a p_S that is *not*
 equivariant: the orientation Q of the representative Y' = Y Q is a latent variable, Haar a
 priori, and S | Y' ~ p_psi. Its exact gram density is the fibre average
-E_Q[p_psi(Q^T S Q | Y Q)], which is equivariant; :func:`cartesian_elbo` bounds its log with
+E_Q[p_psi(Q^T S Q | Y Q)], which is equivariant; `cartesian_elbo` bounds its log with
 Jensen (the ELBO, posterior q(Q | P) = Haar) or with K importance samples (IWAE).
 
 References:
@@ -179,7 +179,7 @@ def wishart_eigenvalue_log_prob(lam: Tensor, dof: float, scale: float | Tensor =
     exp(-sum lam / (2 scale)) prod lam^{(dof-k-1)/2} prod_{i<j} (lam_i - lam_j)`` on
     lam_1 > ... > lam_k > 0. With ``dof = n`` these are the eigenvalues of P^T P for P with
     i.i.d. N(0, scale) entries, so it is the ``scale_log_prob`` that makes
-    :func:`cartesian_log_prob` that Gaussian.
+    `cartesian_log_prob` that Gaussian.
 
     Args:
         lam: ``(..., k)`` positive, descending.
@@ -312,11 +312,11 @@ def cartesian_log_prob_gram(
 
     Args:
         P: ``(..., n, k)`` full-rank configurations.
-        grassmann_log_prob: as in :func:`cartesian_log_prob`.
+        grassmann_log_prob: as in `cartesian_log_prob`.
         gram_log_prob: ``(S (..., k, k), Y (..., n, k)) -> (...)``, for each Y a normalized
             log-density on SPD(k) (Lebesgue on the entries i <= j), equivariant:
             ``gram_log_prob(Q^T S Q, Y Q) == gram_log_prob(S, Y)`` for Q in O(k). It is called
-            with the canonical Y of :func:`shape_factor`, where S = diag(lam); to use e.g.
+            with the canonical Y of `shape_factor`, where S = diag(lam); to use e.g.
             Cholesky coordinates, map S to a frame that depends on [Y] only (Q = Y_ref^T Y,
             S_ref = Q S Q^T).
 
@@ -330,7 +330,7 @@ def cartesian_log_prob_gram(
 
 
 def log_jacobian_gram(lam: Tensor, n: int) -> Tensor:
-    """The data-only term of :func:`cartesian_log_prob_gram`, ``(...)``:
+    """The data-only term of `cartesian_log_prob_gram`, ``(...)``:
     ``-(k^2/2) log(pi) + log Gamma_k(k/2) - (n-k-1)/2 log det S`` for ``S`` of eigenvalues
     ``lam: (..., k)`` and ``P: (n, k)``."""
     k = lam.shape[-1]
@@ -360,7 +360,7 @@ def cartesian_elbo(
 
     The model: ``[Y] ~ p_Gr``; a representative ``Y' = Y Q`` with Q Haar on O(k);
     ``S' = Y'^T P P^T Y' | Y' ~ gram_log_prob(., Y')``, any normalized density on SPD(k) (need
-    not be equivariant); R Haar. Its exact likelihood is :func:`cartesian_log_prob_gram` with
+    not be equivariant); R Haar. Its exact likelihood is `cartesian_log_prob_gram` with
     the gram density ``E_Q[p(Q^T S Q | Y Q)]``. With the posterior ``q(Q | P)`` = Haar:
 
     * ``importance_weighted=False``: ``ELBO = ... + mean_l log p(Q_l^T S Q_l | Y Q_l)``, the
@@ -375,7 +375,7 @@ def cartesian_elbo(
 
     Args:
         P: ``(..., n, k)`` full-rank configurations.
-        grassmann_log_prob: as in :func:`cartesian_log_prob`.
+        grassmann_log_prob: as in `cartesian_log_prob`.
         gram_log_prob: ``(S (L, ..., k, k), Y (L, ..., n, k)) -> (L, ...)``.
         n_samples: number L of Haar draws per configuration.
         generator: for the draws.

@@ -37,12 +37,14 @@ class MatrixGaussianPrior(Distribution):
     Density, with respect to the Riemannian volume of Gr(k, D) under ``tr(xi^T eta)``
     (the convention of every ``log_prob`` in grassflow):
 
-    .. math:: p([X]) = \sum_{\xi:\,[R_M(\xi)] = [X]} \frac{N_h(\xi)}{|\det dR_M(\xi)|}
+    $$
+    p([X]) = \sum_{\xi:\,[R_M(\xi)] = [X]} \frac{N_h(\xi)}{|\det dR_M(\xi)|}
+    $$
 
     where ``N_h`` is the density of xi on the (D-k)k-dimensional horizontal space at M (a
     matrix normal with row covariance ``M_perp^T U M_perp`` and column covariance V in an
     orthonormal basis M_perp of the complement), and the sum runs over the 2^r Cayley
-    preimages (:meth:`Grassmann.cayley_preimages`). The paper's Prop. 3 multiplies by the
+    preimages (`Grassmann.cayley_preimages`). The paper's Prop. 3 multiplies by the
     Jacobian and keeps only one preimage; a change of variables divides, and the Cayley map
     is 2^r-to-one onto Gr(k, D), so the paper's expression does not integrate to one.
 
@@ -56,19 +58,19 @@ class MatrixGaussianPrior(Distribution):
     ``p ~ C / |theta_i - theta_j|`` with C > 0 (``log p + log |theta_i - theta_j|`` has a
     finite limit); where more coincide the pair factors multiply. The Riemannian volume
     vanishes there like ``prod_{i<j} |cos^2 theta_i - cos^2 theta_j|``, so p is integrable (it
-    is the density of :meth:`rsample`) but ``p^2`` is not: a Monte Carlo estimate of
+    is the density of `rsample`) but ``p^2`` is not: a Monte Carlo estimate of
     ``int p`` from uniform draws has infinite variance. Through the preimages with
     ``s_i^2 + s_j^2 >= 8``, C is at most about ``exp(-4 / sigma^2)`` times the mode's density
     for ``row_cov = sigma^2 I``, ``col_cov = I``: negligible for small sigma, not for sigma ~ 1.
     Equal angles at 0 (in particular the mean itself) are regular, and for r = 1 (k = 1, or
-    e.g. Gr(2, 3)) p is bounded. On the singular set :meth:`log_prob` returns ``+inf`` or,
+    e.g. Gr(2, 3)) p is bounded. On the singular set `log_prob` returns ``+inf`` or,
     depending on rounding in the pair factor, a large finite value (about ``log(1 / eps)``).
 
     Gradients (w.r.t. the point, and through it anything upstream such as a flow's parameters)
     are exact wherever p is finite, including the 2k - D principal angles that are always 0
     when 2k > D, the mean itself, and ties between angles on one Cayley branch: the preimages
     are differentiated as smooth functions of ``M^T X``, not through its SVD (see
-    :meth:`Grassmann.cayley_preimages`). Where a rounded log_prob on the singular set is
+    `Grassmann.cayley_preimages`). Where a rounded log_prob on the singular set is
     finite, so is the gradient (large there).
 
     Args:

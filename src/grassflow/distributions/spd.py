@@ -7,7 +7,7 @@ density of S depends on M alone, not on which square root L is used (a Cholesky 
 and ``p(Q^T S Q; Q^T M Q) = p(S; M)``. It is a function of the eigenvalues of ``M^-1 S`` only,
 so it needs no eigenvectors (whose gradients blow up at the near-degenerate spectra of round
 clouds). Densities are with respect to Lebesgue measure on the entries ``i <= j``, as
-:func:`~grassflow.distributions.cartesian.wishart_log_prob`'s.
+`wishart_log_prob`'s.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def spd_lognormal_log_prob(S: Tensor, M: Tensor, sigma_0: Tensor, sigma_t: Tenso
     Args:
         S: ``(..., k, k)`` SPD.
         M: ``(..., k, k)`` SPD centre (the geometric mean of S).
-        sigma_0, sigma_t: ``(...)`` positive standard deviations of E's traceless part and of
-            its trace direction.
+        sigma_0: ``(...)`` positive standard deviation of E's traceless part.
+        sigma_t: ``(...)`` positive standard deviation of E's trace direction.
 
     Returns:
         ``(...)``.
@@ -114,12 +114,12 @@ class _SPDLog(torch.autograd.Function):
 
 def spd_log(A: Tensor) -> Tensor:
     """``log A: (..., k, k)`` of SPD ``A``, with a backward that stays finite at equal
-    eigenvalues (see :class:`_SPDLog`)."""
+    eigenvalues (see `_SPDLog`)."""
     return _SPDLog.apply((A + A.mT) / 2)
 
 
 def sym_from_coords(e: Tensor, k: int) -> Tensor:
-    """Inverse of :func:`sym_coords`: ``(..., k(k+1)/2) -> (..., k, k)`` symmetric."""
+    """Inverse of `sym_coords`: ``(..., k(k+1)/2) -> (..., k, k)`` symmetric."""
     a, b = torch.triu_indices(k, k, device=e.device)
     vals = e / torch.where(a == b, 1.0, math.sqrt(2)).to(e)
     E = e.new_zeros(*e.shape[:-1], k, k)
@@ -139,7 +139,7 @@ def sym_coords(E: Tensor) -> Tensor:
 def spd_lognormal_precision_log_prob(S: Tensor, L: Tensor, precision: Tensor) -> Tensor:
     """``log p(S)`` of ``S = L exp(E) L^T`` with ``sym_coords(E) ~ N(0, precision^-1)``.
 
-    Unlike :func:`spd_lognormal_log_prob`, E's law may be anisotropic; it is then the caller's
+    Unlike `spd_lognormal_log_prob`, E's law may be anisotropic; it is then the caller's
     job to build ``precision`` from ``L`` so that the density does not depend on which square
     root of ``M = L L^T`` is used (e.g. from ``L^T d`` for vectors d that rotate with S).
 
@@ -169,7 +169,7 @@ def spd_lognormal_precision_sample(
     L: Tensor, precision: Tensor, generator: torch.Generator | None = None
 ) -> Tensor:
     """One S per ``L: (..., k, k)`` and ``precision: (..., m, m)`` (see
-    :func:`spd_lognormal_precision_log_prob`)."""
+    `spd_lognormal_precision_log_prob`)."""
     k = L.shape[-1]
     chol = torch.linalg.cholesky(precision)
     z = torch.randn(precision.shape[:-1], dtype=L.dtype, device=L.device, generator=generator)

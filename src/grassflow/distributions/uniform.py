@@ -19,7 +19,8 @@ class UniformGrassmann(Distribution):
 
     Args:
         manifold: the Grassmann manifold.
-        dtype, device: of the samples.
+        dtype: of the samples (default: torch's default dtype).
+        device: of the samples (default: CPU).
     """
 
     arg_constraints: dict = {}

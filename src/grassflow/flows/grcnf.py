@@ -20,7 +20,9 @@ class GrCNF(nn.Module):
 
     A prior sample Y_0 is transported by the ODE ``dY/dt = X(t, Y)`` to ``Y_T``; the density is
 
-    .. math:: \log p(Y_T) = \log p_0(Y_0) - \int_0^T \operatorname{div} X(t, Y_t)\,dt
+    $$
+    \log p(Y_T) = \log p_0(Y_0) - \int_0^T \operatorname{div} X(t, Y_t)\,dt
+    $$
 
     with the Riemannian divergence on Gr(k, D). Internally time is rescaled to s = t / T in
     [0, 1] so that the end time T can be learned (FFJORD's ``train_T``).
@@ -30,15 +32,18 @@ class GrCNF(nn.Module):
         field: horizontal, O(k)-equivariant vector field module ``X(t, Y)``; default the paper's
             potential-gradient field with the ``textures`` widths.
         prior: ``"gaussian"`` (the Cayley matrix-Gaussian prior) or ``"uniform"``.
-        prior_mean, row_cov, col_cov: parameters of the Gaussian prior (defaults ``I_{D,k}``,
-            ``sigma^2 I_D``, ``I_k``), stored as buffers so they follow ``.to()``.
+        prior_mean: mean of the Gaussian prior (default ``I_{D,k}``); the prior's parameters
+            are stored as buffers so they follow ``.to()``.
+        row_cov: row covariance of the Gaussian prior (default ``sigma^2 I_D``).
+        col_cov: column covariance of the Gaussian prior (default ``I_k``).
         sigma: prior scale used when ``row_cov`` is None (paper: 0.3).
         T: end time; ``train_T=True`` learns it as ``T = s^2`` with ``s`` a parameter.
         divergence: ``"exact"`` or ``"hutchinson"`` during training; evaluation (``eval()`` mode)
             always uses the exact divergence unless ``log_prob(..., exact=False)``.
         method: ODE method, ``"cayley_rkmk"`` (intrinsic), ``"ambient"`` (projection) or
             ``"kronecker"`` (the paper's chart solver with Kronecker Jacobians; slow reference).
-        atol, rtol: solver tolerances (paper: 1e-5).
+        atol: absolute solver tolerance (paper: 1e-5).
+        rtol: relative solver tolerance (paper: 1e-5).
         adjoint: adjoint gradients (only for ``method="ambient"``).
 
     References:
@@ -208,7 +213,7 @@ class GrCNF(nn.Module):
         return self._prior_log_prob(Y0) + a0
 
     def forward(self, Y: Tensor) -> Tensor:
-        """Alias of :meth:`log_prob`."""
+        """Alias of `log_prob`."""
         return self.log_prob(Y)
 
     def sample_prior(self, n: int, generator: torch.Generator | None = None) -> Tensor:

@@ -6,16 +6,20 @@ A cloud ``P: (n, d)`` is centred and written in the Helmert basis H of 1-perp,
 orthonormal columns, so Lebesgue measure on P' is that of the centred subspace). Then
 ``P' = Y B`` with [Y] in Gr(d, n - 1) and ``S = B B^T``, and
 
-.. math:: \log p(P') = \log p_{Gr}([Y]) + \log p(S \mid Y) - \tfrac{d^2}{2}\log\pi
-          + \log\Gamma_d(d/2) - \tfrac{n-d-2}{2}\log\det S
+$$
+\log p(P') = \log p_{Gr}([Y]) + \log p(S \mid Y) - \tfrac{d^2}{2}\log\pi
++ \log\Gamma_d(d/2) - \tfrac{n-d-2}{2}\log\det S
+$$
 
-(:func:`~grassflow.distributions.cartesian.cartesian_log_prob_gram`): a GrCNF on
-Gr(d, n - 1) for the subspace and a :class:`~grassflow.nn.gram.WishartGram` for S given Y.
+(`cartesian_log_prob_gram`): a GrCNF on
+Gr(d, n - 1) for the subspace and a `WishartGram` for S given Y.
 With the graph potential or the EGNN field and the uniform prior both parts are invariant
 to relabelling the points; the MLP potential (the paper's) and the Gaussian prior are not.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -49,15 +53,16 @@ def build_field(
     """A horizontal, O(k)-equivariant field on Gr(``dim``, ``n_points`` - 1) for a ShapeFlow.
 
     Args:
-        n_points, dim: the clouds' n and d.
+        n_points: the clouds' n.
+        dim: the clouds' d.
         kind: ``"graph"``: the gradient of a permutation-invariant message-passing potential
-            (:class:`~grassflow.nn.GraphPotential`); ``"egnn"``: not a gradient, an EGNN's
+            (`GraphPotential`); ``"egnn"``: not a gradient, an EGNN's
             velocity on the span's whitened points made horizontal
-            (:class:`~grassflow.nn.PointCloudField`); ``"mlp"``: the gradient of the paper's
+            (`PointCloudField`); ``"mlp"``: the gradient of the paper's
             HorP + ConcatSquash potential (not invariant to relabelling).
         labels: optional ``(n,)`` integer point labels (atom types), seen by graph and EGNN.
-        hidden, layers: the graph's or EGNN's width (default 32) and message-passing layers
-            (default :data:`DEFAULT_LAYERS`).
+        hidden: the graph's or EGNN's width (default 32).
+        layers: the graph's or EGNN's message-passing layers (default `DEFAULT_LAYERS`).
         widths: the MLP's hidden widths (default the paper's LJ13 ones, 32-32-32).
     """
     if kind not in POTENTIALS:
@@ -73,7 +78,7 @@ def build_field(
 
 
 def preset_field_options(kind: str, hidden=None, layers: int | None = None) -> dict:
-    """:func:`build_field`'s options from an experiment preset's ``hidden`` and ``layers``;
+    """`build_field`'s options from an experiment preset's ``hidden`` and ``layers``;
     presets keep one ``hidden`` field, the MLP's widths for ``"mlp"``, so saved runs load."""
     if kind == "mlp":
         return {"widths": None if hidden is None else tuple(hidden)}
@@ -90,8 +95,8 @@ def build_gram(
     layers: int = 1,
     components: int = 1,
 ) -> nn.Module:
-    """A density of S given the span for a ShapeFlow: ``"wishart"`` (:class:`WishartGram`) or
-    ``"distance"`` (:class:`DistanceGram`: a log-normal around a least-squares fit of learned
+    """A density of S given the span for a ShapeFlow: ``"wishart"`` (`WishartGram`) or
+    ``"distance"`` (`DistanceGram`: a log-normal around a least-squares fit of learned
     pair distances, with per-pair precisions), a mixture of ``components``, conditioned by a
     network of ``hidden`` width and ``layers`` layers."""
     if kind not in GRAMS:
@@ -102,30 +107,30 @@ def build_gram(
 class ShapeFlow(nn.Module):
     """Normalized density on clouds of ``n_points`` points in R^``dim`` (any translation).
 
-    It composes a :class:`GrCNF` on Gr(d, n - 1) for the clouds' spans (``self.flow``) and a
+    It composes a `GrCNF` on Gr(d, n - 1) for the clouds' spans (``self.flow``) and a
     density of S given the span (``self.gram``). Pass each ready-made, or by name with its
     options.
 
     Args:
         n_points: n, points per cloud (``n >= dim + 2``).
         dim: d, their dimension.
-        field: the GrCNF's field: a name for :func:`build_field` (``"graph"``, default,
+        field: the GrCNF's field: a name for `build_field` (``"graph"``, default,
             ``"egnn"`` or ``"mlp"``) or a horizontal, O(d)-equivariant ``nn.Module`` on
             Gr(d, n - 1).
-        gram: the density of S given the span: a name for :func:`build_gram` (``"wishart"``,
+        gram: the density of S given the span: a name for `build_gram` (``"wishart"``,
             default, or ``"distance"``) or a module with ``log_prob(S, Y)``,
             ``sample(Y, generator)`` and ``initialize(S, Y)``.
         labels: optional ``(n,)`` integer point labels shared by all clouds (atom types of one
             molecule), seen by the named graph or EGNN field and by the named Gram densities.
-        field_options: keyword arguments of :func:`build_field` (``hidden``, ``layers``,
+        field_options: keyword arguments of `build_field` (``hidden``, ``layers``,
             ``widths``).
-        gram_options: keyword arguments of :func:`build_gram` (``hidden``, ``layers``,
+        gram_options: keyword arguments of `build_gram` (``hidden``, ``layers``,
             ``components``).
-        chunk_size: clouds per ODE solve in :meth:`log_prob` and :meth:`sample`; bounds the
+        chunk_size: clouds per ODE solve in `log_prob` and `sample`; bounds the
             peak memory of the exact divergence (k(D - k) Hessian-vector products at once).
-        flow: a ready :class:`GrCNF` on Gr(d, n - 1) instead of ``field`` and
+        flow: a ready `GrCNF` on Gr(d, n - 1) instead of ``field`` and
             ``flow_options``.
-        **flow_options: keyword arguments of :class:`GrCNF` (``prior``, ``sigma``, ``T``,
+        **flow_options: keyword arguments of `GrCNF` (``prior``, ``sigma``, ``T``,
             ``train_T``, ``divergence``, ``method``, ``atol``, ``rtol``, ...). Defaults here:
             ``prior="uniform"`` (invariant to relabelling), and for the Gaussian prior mean
             ``I_{D,d}`` and covariances ``sigma^2 I``.
@@ -143,7 +148,7 @@ class ShapeFlow(nn.Module):
         gram_options: dict | None = None,
         chunk_size: int = 16,
         flow: GrCNF | None = None,
-        **flow_options,
+        **flow_options: Any,
     ):
         super().__init__()
         if not (isinstance(n_points, int) and isinstance(dim, int) and 1 <= dim <= n_points - 2):
@@ -213,7 +218,7 @@ class ShapeFlow(nn.Module):
 
     # ------------------------------------------------------------ densities
     def log_prob_terms(self, P: Tensor, exact: bool | None = None) -> dict[str, Tensor]:
-        """The parts of :meth:`log_prob`, each ``(B,)``: ``grassmann`` (log p_Gr([Y])),
+        """The parts of `log_prob`, each ``(B,)``: ``grassmann`` (log p_Gr([Y])),
         ``gram`` (log p(S | Y)) and ``jacobian`` (the change of variables, data only), and
         their sum ``log_prob``. The flow runs in chunks of ``chunk_size``."""
         Y, S = self.factor(P)
@@ -229,7 +234,7 @@ class ShapeFlow(nn.Module):
         return self.log_prob_terms(P, exact)["log_prob"]
 
     def forward(self, P: Tensor) -> Tensor:
-        """Alias of :meth:`log_prob`."""
+        """Alias of `log_prob`."""
         return self.log_prob(P)
 
     # ------------------------------------------------------------ sampling

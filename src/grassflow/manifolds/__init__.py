@@ -1,5 +1,5 @@
 """Manifold geometry: Gr(k, D) with orthonormal representatives ``(..., D, k)``, and point
-clouds as spans (:mod:`.shape_space`)."""
+clouds as spans (`shape_space`)."""
 
 from .grassmann import Grassmann, orthonormality_error
 from .shape_space import (

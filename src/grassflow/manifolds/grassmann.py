@@ -195,7 +195,7 @@ class Grassmann(nn.Module):
 
         It inverts ``retr`` on the retraction's image, ``inv_retr(Y, retr(Y, xi)) = xi``, but it
         depends on the representative X of [X] (for k > 1 ``inv_retr(Y, X Q)`` is not a preimage
-        of [X]). For a representative-free answer use :meth:`cayley_preimages`.
+        of [X]). For a representative-free answer use `cayley_preimages`.
         """
         eye = torch.eye(self.k, dtype=Y.dtype, device=Y.device)
         N = eye + Y.mT @ X
@@ -233,7 +233,7 @@ class Grassmann(nn.Module):
         its closed-form derivative: with ``P = A^T dC B``,
         ``B^T dG A = delta o sym(P) - sigma o skew(P)``, ``delta_ij = (h_i - h_j) / (c_i - c_j)``
         (``h'(c_i)`` on the diagonal) and ``sigma_ij = (h_i + h_j) / (c_i + c_j)``, both rational
-        in c (:func:`_cayley_divided_differences`); s gets ``dc_i = P_ii``, which is exact for
+        in c (`_cayley_divided_differences`); s gets ``dc_i = P_ii``, which is exact for
         functions of s^2 (the Jacobian). Only on the prior's singular set (equal c on different
         branches, or two angles of pi/2) is a divided difference infinite; there it is capped
         and the gradient is large but finite. Second derivatives are not provided.

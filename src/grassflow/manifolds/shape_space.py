@@ -1,8 +1,8 @@
 """Shape geometry: point clouds as spans (points of a Grassmann manifold) and factors.
 
-The one home of the rank test (:func:`full_rank`), the sign rules that make a span's basis
-deterministic (:func:`span_basis`), the Helmert basis that removes the centre of mass, the
-protocols of DW4/LJ13, and the paper's QM9 factorization (:func:`shape_factor`).
+The one home of the rank test (`full_rank`), the sign rules that make a span's basis
+deterministic (`span_basis`), the Helmert basis that removes the centre of mass, the
+protocols of DW4/LJ13, and the paper's QM9 factorization (`shape_factor`).
 
 A configuration of n particles in d dimensions is a matrix ``X: (n, d)`` (one row per
 particle). After centring, ``P = X - mean`` is determined up to its column span and a
@@ -59,7 +59,7 @@ def _largest_entry_positive(U: Tensor) -> Tensor:
 
 def span_basis(P: Tensor, method: str = "qr") -> Tensor:
     """The canonical orthonormal basis ``Y: (..., D, k)`` of the span of ``P: (..., D, k)``
-    (full rank; see :func:`full_rank`).
+    (full rank; see `full_rank`).
 
     ``"qr"``: Gram-Schmidt of the columns, R with a positive diagonal (the paper's DW4/LJ13
     protocol). ``"eig"``: eigenvectors of ``P P^T``, eigenvalues descending, each column's
@@ -126,8 +126,8 @@ def to_grassmann(
             which, or ``"skip"`` them and also return the mask of the rows kept (it still
             raises when every row would be skipped).
         return_factor: also return ``B: (B', d, d)`` with ``P' = Y B`` (upper triangular,
-            positive diagonal), the input of :func:`from_grassmann`.
-        rtol: rank threshold, as in :meth:`Grassmann.from_point_cloud`.
+            positive diagonal), the input of `from_grassmann`.
+        rtol: rank threshold, as in `Grassmann.from_point_cloud`.
 
     Returns:
         ``Y: (B', D, d)`` alone, or the tuple ``(Y, B)`` with ``return_factor``, with
@@ -180,7 +180,7 @@ def to_grassmann(
 
 
 def from_grassmann(Y: Tensor, B: Tensor, protocol: str = "com-free") -> Tensor:
-    """Inverse of :func:`to_grassmann`: centred positions from a representative and factor.
+    """Inverse of `to_grassmann`: centred positions from a representative and factor.
 
     Args:
         Y: ``(..., D, k)`` orthonormal representatives.

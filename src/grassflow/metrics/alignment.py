@@ -2,10 +2,10 @@
 
 A generated molecule has neither atom types nor a consistent atom order, so comparing it with
 a training molecule means solving for the atom correspondence and the rigid motion together.
-:func:`align` alternates Hungarian assignment and Kabsch superposition from many starting
-frames; :func:`nearest` screens the training set with a cheap invariant descriptor and refines
-the best candidates with :func:`align`. Used for the paper's Figure 5
-(:func:`grassflow.viz.molecules.plot_nearest`).
+`align` alternates Hungarian assignment and Kabsch superposition from many starting
+frames; `nearest` screens the training set with a cheap invariant descriptor and refines
+the best candidates with `align`. Used for the paper's Figure 5
+(`grassflow.viz.molecules.plot_nearest`).
 
 References:
     Kabsch. A solution for the best rotation to relate two sets of vectors (1976).
@@ -14,6 +14,7 @@ References:
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -75,7 +76,7 @@ def _starts(A, B, reflections: bool, restarts: int, seed: int, axis_perms: bool 
 
 
 def label_groups(labels, n: int) -> list[np.ndarray] | None:
-    """The atom indices of each label value (for :func:`assign_within_labels`), or None."""
+    """The atom indices of each label value (for `assign_within_labels`), or None."""
     if labels is None:
         return None
     L = np.asarray(labels)
@@ -165,14 +166,14 @@ def align(
     the same shape. Pass ``reflections=False`` to restrict ``R`` to rotations.
 
     Args:
-        A: reference points, shape=[n, 3] (Å).
-        B: points to move, shape=[n, 3], atoms in any order.
+        A (ArrayLike): reference points, shape=[n, 3] (Å).
+        B (ArrayLike): points to move, shape=[n, 3], atoms in any order.
         reflections: allow ``det R = -1``.
         restarts: random starting frames on top of the principal-axes frames.
         seed: seed of the random starting frames.
         max_iter: cap on alternations per start.
-        labels: optional integer labels, shape=[n] (e.g. atomic numbers), the same for the
-            atoms of A and B: only atoms of equal labels are matched.
+        labels (ArrayLike | None): optional integer labels, shape=[n] (e.g. atomic numbers),
+            the same for the atoms of A and B: only atoms of equal labels are matched.
 
     Returns:
         ``B_aligned``: shape=[n, 3], ``B[perm]`` centred, transformed by ``R`` and moved to
@@ -196,10 +197,10 @@ def shape_descriptor(X) -> np.ndarray:
     atoms' distances to the centroid in increasing order. Each part changes by at most
     ``sqrt(n) * RMSD`` between two sets (von Neumann's trace inequality; the triangle
     inequality), so ``|desc(A) - desc(B)| <= sqrt(2 n) * RMSD(A, B)`` for the RMSD of
-    :func:`align`: close molecules have close descriptors (the converse fails).
+    `align`: close molecules have close descriptors (the converse fails).
 
     Args:
-        X: point sets, shape=[M, n, 3].
+        X (ArrayLike): point sets, shape=[M, n, 3].
 
     Returns:
         shape=[M, 3 + n], float64.
@@ -211,13 +212,13 @@ def shape_descriptor(X) -> np.ndarray:
 
 
 def nearest(
-    X, T, k: int = 1, candidates: int = 1024, refine: int = 16, **align_kwargs
+    X, T, k: int = 1, candidates: int = 1024, refine: int = 16, **align_kwargs: Any
 ) -> tuple[np.ndarray, np.ndarray]:
     """Nearest training molecules of each generated molecule, by aligned RMSD.
 
     Three stages per generated molecule: the ``candidates`` training molecules with the
-    closest :func:`shape_descriptor` (Euclidean); a quick :func:`align` of each (starts:
-    the 8 principal-axes sign frames only); a full :func:`align` (``align_kwargs``) of
+    closest `shape_descriptor` (Euclidean); a quick `align` of each (starts:
+    the 8 principal-axes sign frames only); a full `align` (``align_kwargs``) of
     the best ``refine`` of those, sorted by RMSD. The descriptor and the quick alignment
     are screens: a neighbour they rank low is missed, so the result is an upper bound on
     the true nearest RMSD. On generated QM9 samples the default settings came within
@@ -225,12 +226,12 @@ def nearest(
     6 s per molecule for QM9's 13,832 training molecules on one core).
 
     Args:
-        X: generated molecules, shape=[M, n, 3] (Å), atoms in any order.
-        T: training molecules, shape=[N, n, 3] (Å).
+        X (ArrayLike): generated molecules, shape=[M, n, 3] (Å), atoms in any order.
+        T (ArrayLike): training molecules, shape=[N, n, 3] (Å).
         k: neighbours to return, ``1 <= k <= min(refine, candidates, N)``.
         candidates: molecules passed from the descriptor screen to the quick alignment.
         refine: molecules passed from the quick to the full alignment.
-        **align_kwargs: passed to the full :func:`align` (``reflections``, ``restarts``,
+        **align_kwargs: passed to the full `align` (``reflections``, ``restarts``,
             ``seed``, ``max_iter``); ``reflections`` also applies to the quick one.
 
     Returns:

@@ -4,12 +4,12 @@ A model ``q`` that samples configurations ``x_1..x_N`` with exact ``log q(x_n)``
 against the unnormalized target ``exp(-beta U(x))`` by
 
 - the Wasserstein-1 distance between the energies of its samples and of reference data
-  (:func:`energy_w1`), and
+  (`energy_w1`), and
 - the self-normalized importance weights ``w_n ~ exp(-beta U(x_n)) / q(x_n)``
-  (:func:`log_importance_weights`) and their Kish effective sample size
-  (:func:`effective_sample_size`).
+  (`log_importance_weights`) and their Kish effective sample size
+  (`effective_sample_size`).
 
-Energies may be ``+inf`` (overlapping particles); :func:`finite_energies` drops those and
+Energies may be ``+inf`` (overlapping particles); `finite_energies` drops those and
 says how many it dropped, since the W1 of two sets with infinite values is undefined.
 
 References:
@@ -49,7 +49,7 @@ def finite_energies(u) -> tuple[np.ndarray, int]:
     """Drop the ``+inf`` energies of ``u`` (e.g. overlapping particles).
 
     Args:
-        u: ``(N,)`` (or any shape, flattened) energies, numpy array or tensor.
+        u (ArrayLike): ``(N,)`` (or any shape, flattened) energies, numpy array or tensor.
 
     Returns:
         ``(M,)`` float64 finite energies and the number ``N - M`` of ``+inf`` values dropped.
@@ -73,15 +73,15 @@ def energy_w1(u, v) -> float:
     sizes may differ.
 
     Args:
-        u: ``(N,)`` values (any shape is flattened), numpy array or tensor.
-        v: ``(M,)`` values.
+        u (ArrayLike): ``(N,)`` values (any shape is flattened), numpy array or tensor.
+        v (ArrayLike): ``(M,)`` values (as u).
 
     Returns:
         ``W1 >= 0`` in the units of the values.
 
     Raises:
         ValueError: for empty input, NaN or infinite values (filter ``+inf`` energies with
-            :func:`finite_energies` first).
+            `finite_energies` first).
     """
     a, b = _as_numpy(u, "u"), _as_numpy(v, "v")
     for name, x in (("u", a), ("v", b)):

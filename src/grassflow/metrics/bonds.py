@@ -3,7 +3,7 @@
 A shape model trained with element labels treats atoms of the same element as exchangeable,
 so a generated molecule's atom order within an element is arbitrary: before its bonds can be
 measured, its atoms are matched to the molecule's by label-restricted alignment
-(:func:`grassflow.metrics.alignment.align` with ``labels``) onto reference conformers.
+(`grassflow.metrics.alignment.align` with ``labels``) onto reference conformers.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def bond_lengths(X, bonds) -> np.ndarray:
     """Lengths ``|x_i - x_j|`` of the bonds ``(i, j)`` in every cloud.
 
     Args:
-        X: array-like (tensor or ndarray), shape=[N, n, 3].
-        bonds: integer atom index pairs, shape=[B, 2].
+        X (ArrayLike): tensor or ndarray, shape=[N, n, 3].
+        bonds (ArrayLike): integer atom index pairs, shape=[B, 2].
 
     Returns:
         float64, shape=[N, B].
@@ -86,7 +86,7 @@ def bonds_kept(
       reflection invariant; at most ``rounds`` alternations from each of the 8 sign choices
       of the principal axes, the lowest-RMSD match kept); (2) at most ``rounds`` sweeps
       re-matching each label group by its bond-length misfit to the rest of the match
-      (:func:`_refine`). The sample counts as kept if the match from any reference keeps
+      (`_refine`). The sample counts as kept if the match from any reference keeps
       every bond. Both steps are local searches, so this is a lower bound on the fraction
       of samples that are the molecule's graph up to relabelling atoms of the same element
       (the quantity meant); more diverse references raise it towards that. One reference in
@@ -95,13 +95,15 @@ def bonds_kept(
       glycerol) 2-3 references from different chains recover the unshuffled fraction.
 
     Args:
-        X: sampled clouds, shape=[N, n, 3] (Å), any translation, rotation or reflection.
-        bonds: integer atom index pairs of the molecule, shape=[B, 2].
-        reference_lengths: shape=[B], > 0.
+        X (ArrayLike): sampled clouds, shape=[N, n, 3] (Å), any translation, rotation or
+            reflection.
+        bonds (ArrayLike): integer atom index pairs of the molecule, shape=[B, 2].
+        reference_lengths (ArrayLike): shape=[B], > 0.
         tol: relative tolerance, > 0.
-        labels: integer per-atom labels of the molecule, shape=[n] (e.g. atomic numbers).
-        reference: conformers of the molecule in its atom order, shape=[n, 3] or [R, n, 3];
-            needed with ``labels``.
+        labels (ArrayLike | None): integer per-atom labels of the molecule, shape=[n] (e.g.
+            atomic numbers).
+        reference (ArrayLike | None): conformers of the molecule in its atom order, shape=[n, 3]
+            or [R, n, 3]; needed with ``labels``.
         rounds: alternations of the matching per start.
 
     Returns:
@@ -141,6 +143,6 @@ def bonds_kept(
 def bonds_kept_fraction(
     X, bonds, reference_lengths, tol: float = 0.1, labels=None, reference=None, rounds: int = 10
 ) -> float:
-    """The fraction of the N clouds that keep every bond: the mean of :func:`bonds_kept`
+    """The fraction of the N clouds that keep every bond: the mean of `bonds_kept`
     (same arguments), in [0, 1]."""
     return float(bonds_kept(X, bonds, reference_lengths, tol, labels, reference, rounds).mean())

@@ -14,7 +14,7 @@ def closest_pair_fraction(X, threshold: float = 0.9) -> float:
     than 0.9 Å; the data have none.
 
     Args:
-        X: array-like (tensor or ndarray), shape=[N, n, d]: N clouds of n >= 2 points.
+        X (ArrayLike): tensor or ndarray, shape=[N, n, d]: N clouds of n >= 2 points.
         threshold: distance, > 0 (strictly nearer counts).
 
     Returns:

@@ -43,11 +43,13 @@ def distance_histogram(
 
     Args:
         P: ``(N, n, 3)`` positions in Å.
-        bins, lo, hi: equal bins on ``[lo, hi]``; E-NF uses 100 bins on [0, 13] Å.
+        bins: number of equal bins on ``[lo, hi]``; E-NF uses 100 bins on [0, 13] Å.
+        lo: lower end of the binned range, in Å.
+        hi: upper end of the binned range, in Å.
         chunk: configurations per batch (bounds memory at ``chunk * n * n`` distances).
 
     Returns:
-        float64 ``(bins,)`` counts; compare with :func:`jsd`.
+        float64 ``(bins,)`` counts; compare with `jsd`.
     """
     P = np.asarray(P, dtype=np.float64)
     if P.ndim != 3:

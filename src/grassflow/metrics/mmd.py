@@ -87,7 +87,7 @@ def mmd2(X: Tensor, Y: Tensor, bandwidth: float | Tensor | None = None) -> Tenso
     Args:
         X: ``(n, D, k)`` orthonormal representatives, n >= 2.
         Y: ``(m, D, k)`` orthonormal representatives, m >= 2.
-        bandwidth: kernel width h > 0; default :func:`median_bandwidth` of X and Y pooled.
+        bandwidth: kernel width h > 0; default `median_bandwidth` of X and Y pooled.
 
     Returns:
         0-dim tensor in the dtype of the inputs; differentiable in X and Y (the default

@@ -1,7 +1,7 @@
 """Neural networks for GrCNF: HorP, ConcatSquash, potentials (the paper's MLP and a
 permutation-invariant graph), the equivariant gradient field with its forward-Laplacian
-divergence (:mod:`.jet`), the EGNN and the horizontal field it gives on the spans of clouds
-(:class:`PointCloudField`), and the Gram density."""
+divergence (`jet`), the EGNN and the horizontal field it gives on the spans of clouds
+(`PointCloudField`), and the Gram density."""
 
 from .egnn import EGNNField
 from .field import LAPLACIANS, PAPER_WIDTHS, GrassmannField, Potential

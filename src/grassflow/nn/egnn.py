@@ -1,7 +1,7 @@
 """An E(n)-equivariant graph network (EGNN) velocity field for point clouds.
 
 The field of the equivariant flow-matching baseline
-(:class:`~grassflow.baselines.EquivariantCNF`), and through :class:`.PointCloudField` a
+(`EquivariantCNF`), and through `PointCloudField` a
 horizontal field on Grassmann manifolds of clouds' spans: the EGNN of
 Satorras et al. (2021) in the "dynamics" form that E-NF and EFM use. Node features start from
 the time (and optional per-point labels, e.g. atom types, one-hot); each layer forms messages
@@ -53,7 +53,7 @@ class EGNNField(nn.Module):
         coord_range: bound of each pair's displacement per layer (``coord_range tanh(.)``).
         labels: optional ``(n,)`` non-negative integer labels of the points (e.g. atomic
             numbers), the same for every cloud, one-hot in the initial node features as in
-            :class:`~grassflow.nn.graph.PointGraph`. None (default) builds the unlabelled
+            `PointGraph`. None (default) builds the unlabelled
             field exactly as before labels existed (same parameters, state dict, numbers).
         n_labels: number of label values (default ``labels.max() + 1``).
     """

@@ -1,9 +1,9 @@
 r"""Learnable conditional density of the ordered eigenvalues lam of P^T P given the subspace.
 
 ``EigenvalueDensity`` is a ``scale_log_prob`` for
-:func:`grassflow.distributions.cartesian.cartesian_log_prob`: an exactly normalized density of
+`grassflow.distributions.cartesian.cartesian_log_prob`: an exactly normalized density of
 lam_1 > ... > lam_k > 0 (Lebesgue on the chamber) given the canonical representative
-``Y: (n, k)`` of :func:`~grassflow.manifolds.shape_space.shape_factor`. Its trunk is the
+``Y: (n, k)`` of `shape_factor`. Its trunk is the
 paper's QM9 "scale estimator" (GrCNF, NeurIPS 2023, QM9 appendix: flattened Y ->
 [FC -> BatchNorm -> SiLU] x 4 with widths 128, 256, 256, 128), but the head predicts a
 distribution instead of the point estimate sqrt(lam).
@@ -20,7 +20,7 @@ density is exact: ``log p(lam | Y) = log N(z; mu, L L^T) - sum_i z_i``. The full
 factor costs k(k-1)/2 extra outputs (3 for QM9) and lets the overall size and the gaps be
 correlated.
 
-Ties. :func:`~grassflow.distributions.cartesian.cartesian_log_prob` divides by
+Ties. `cartesian_log_prob` divides by
 exp(L) ~ prod_{i<j} (lam_i - lam_j), so p(P) is bounded near repeated eigenvalues only if
 p(lam | Y) vanishes at least linearly there. With log-gap coordinates, a gap g -> 0 has the
 log-normal behaviour p ~ exp(-(log g - m)^2 / (2 s^2)) / g, which vanishes faster than any
@@ -72,7 +72,7 @@ def eigenvalues_to_log_gaps(lam: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def log_gaps_to_eigenvalues(z: Tensor) -> Tensor:
-    """Inverse of :func:`eigenvalues_to_log_gaps`: ``(..., k)`` -> descending ``lam (..., k)``."""
+    """Inverse of `eigenvalues_to_log_gaps`: ``(..., k)`` -> descending ``lam (..., k)``."""
     return torch.exp(z).cumsum(-1).flip(-1)
 
 
@@ -84,7 +84,8 @@ class EigenvalueDensity(nn.Module):
     ``eval()`` for per-sample exact densities (evaluation, likelihood checks, sampling).
 
     Args:
-        n, k: Y has shape ``(..., n, k)``, ``1 <= k < n`` (QM9: n = 18 or 19, k = 3).
+        n: rows of Y, shape ``(..., n, k)`` (QM9: 18 or 19).
+        k: columns of Y, ``1 <= k < n`` (QM9: 3).
         hidden: widths of the FC trunk; the paper's scale estimator is ``(128, 256, 256, 128)``.
         norm: ``"batch"`` (BatchNorm1d, the paper's), ``"layer"`` (LayerNorm) or ``None``,
             after each hidden FC layer, before SiLU.
@@ -201,5 +202,5 @@ class EigenvalueDensity(nn.Module):
         return log_gaps_to_eigenvalues(z)
 
     def forward(self, lam: Tensor, Y: Tensor) -> Tensor:
-        """Same as :meth:`log_prob`, so the module itself is a ``scale_log_prob`` callable."""
+        """Same as `log_prob`, so the module itself is a ``scale_log_prob`` callable."""
         return self.log_prob(lam, Y)

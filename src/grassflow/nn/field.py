@@ -38,7 +38,8 @@ class Potential(nn.Module):
     """O(k)-invariant scalar potential ``v(t, Y)``: HorP -> tanh -> Vec -> [CS -> tanh]* -> CS.
 
     Args:
-        D, k: the manifold Gr(k, D).
+        D: ambient dimension of the manifold Gr(k, D).
+        k: subspace dimension of the manifold Gr(k, D).
         hidden: widths of the hidden ConcatSquash layers, e.g. ``(64, 64)``.
         horp_width: columns of the HorP weight; default k (the paper).
         final_tanh: apply tanh to the scalar output, as the paper's tables do.
@@ -77,7 +78,7 @@ class Potential(nn.Module):
         self.final_tanh = final_tanh
 
     def forward(self, t: Tensor, Y: Tensor) -> Tensor:
-        """``Y: (..., D, k)`` -> ``(...)``; on a :class:`~grassflow.nn.jet.Jet`, its jet."""
+        """``Y: (..., D, k)`` -> ``(...)``; on a `Jet`, its jet."""
         h = self.horp(Y)
         x = (jet.tanh(h) if self.fourier_scale is None else _fourier(h)).flatten(-2)
         for i, layer in enumerate(self.layers):
@@ -100,10 +101,10 @@ class GrassmannField(nn.Module):
 
     Args:
         potential: a module ``v(t, Y: (..., D, k)) -> (...)``, invariant under ``Y -> Y Q``.
-            With ``supports_jet = True`` it also maps a :class:`~grassflow.nn.jet.Jet` of Y
+            With ``supports_jet = True`` it also maps a `Jet` of Y
             to the jet of v, and the divergence takes the forward-Laplacian path.
         laplacian: ``"auto"`` (default: the forward Laplacian for the exact divergence where
-            supported, Hessian-vector products for Hutchinson; see :meth:`path`),
+            supported, Hessian-vector products for Hutchinson; see `path`),
             ``"forward"`` (required, for both), ``"hvp"`` (Hessian-vector products by double
             backward) or ``"loop"`` (one ``torch.autograd.grad`` per ambient coordinate of the
             field, as the paper's RCNF-based implementation; the benchmarks' baseline).
@@ -136,10 +137,10 @@ class GrassmannField(nn.Module):
 
         For ``X = (I - Y Y^T) G`` with ``G = dv/dY`` and horizontal E,
         ``<E, DX[E]> = <E, H[E]> - tr(E^T E Y^T G)`` (H the Euclidean Hessian), so
-        ``div X = tr_h(H) - (D - k) tr(Y^T G)``. Two paths compute it (:attr:`laplacian`):
-        one forward pass of a :class:`~grassflow.nn.jet.Jet` (``"forward"``),
+        ``div X = tr_h(H) - (D - k) tr(Y^T G)``. Two paths compute it (`laplacian`):
+        one forward pass of a `Jet` (``"forward"``),
         Hessian-vector products by double backward (``"hvp"``), or the Jacobian of X row by
-        row (``"loop"``; with ``noise`` it runs as ``"hvp"``). :attr:`last_path` says which
+        row (``"loop"``; with ``noise`` it runs as ``"hvp"``). `last_path` says which
         ran.
 
         Args:
@@ -165,7 +166,7 @@ class GrassmannField(nn.Module):
         return X, div
 
     def path(self, hutchinson: bool = False) -> str:
-        """The divergence path :meth:`field_and_divergence` takes.
+        """The divergence path `field_and_divergence` takes.
 
         ``"auto"`` picks the fastest: for the exact divergence ``"forward"`` where the potential
         supports jets (``supports_jet``), else ``"hvp"``; for a Hutchinson estimate ``"hvp"``

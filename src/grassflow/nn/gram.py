@@ -2,9 +2,9 @@
 
 A centred cloud in Helmert coordinates is ``P' = Y B`` with ``[Y]`` in Gr(k, n - 1); what the
 subspace does not say is the Gram matrix ``S = B B^T = Y^T P' P'^T Y`` (the cloud's extent and
-the orientation of its principal axes inside [Y]). :class:`WishartGram` models ``S`` given Y
+the orientation of its principal axes inside [Y]). `WishartGram` models ``S`` given Y
 exactly and equivariantly, so that with a Grassmann density it gives an exact density on the
-centred coordinates (:func:`~grassflow.distributions.cartesian.cartesian_log_prob_gram`).
+centred coordinates (`cartesian_log_prob_gram`).
 """
 
 from __future__ import annotations
@@ -67,17 +67,20 @@ class WishartGram(nn.Module):
 
     where ``y~_i`` are the rows of ``Y~ = H Y`` (the points in Y's frame) and the weights
     ``w_i > 0`` and the pooled ``a`` are invariant functions of the cloud's Gram matrix
-    (a :class:`PointGraph`). Since ``Y -> Y Q`` sends ``y~_i -> Q^T y~_i``,
+    (a `PointGraph`). Since ``Y -> Y Q`` sends ``y~_i -> Q^T y~_i``,
     ``Sigma(Y Q) = Q^T Sigma(Y) Q`` and the density is equivariant, as the Gram form of the
     Cartesian density requires; relabelling the points permutes the ``w_i`` with them, so it
     is also permutation invariant. ``Sigma >= min_i w_i * I`` because ``sum_i y~_i y~_i^T =
     Y^T Y = I``.
 
     Args:
-        n_points, k: clouds of n points in R^k (Gr(k, n - 1)).
-        hidden, layers, labels: of the :class:`PointGraph`.
+        n_points: n, points per cloud (Gr(k, n - 1)).
+        k: the points' dimension (clouds in R^k).
+        hidden: width of the `PointGraph`.
+        layers: message-passing layers of the `PointGraph`.
+        labels: optional ``(n,)`` integer point labels of the `PointGraph`.
         log_scale: initial ``log w_i`` (all equal at initialization, so ``Sigma = e^log_scale
-            I``); set it from the data with :meth:`initialize`.
+            I``); set it from the data with `initialize`.
         dof: initial degrees of freedom ``nu``.
         components: mixture components; their initial scales spread over a factor e^2
             around ``log_scale``.
@@ -120,7 +123,7 @@ class WishartGram(nn.Module):
     @torch.no_grad()
     def initialize(self, S: Tensor, Y: Tensor | None = None) -> None:
         """Set the common scale from the mean trace of ``S: (N, k, k)`` (``Y``, the spans, is
-        not needed; :class:`DistanceGram` uses it). With one component,
+        not needed; `DistanceGram` uses it). With one component,
         ``E[tr S]`` then matches it exactly on a fresh module (whose per-point weights are all
         equal); with several, the components' scales spread around it on a log scale (their
         geometric mean matches), so the mixture's mean trace is higher (about 1.3x for 4)."""
@@ -167,14 +170,14 @@ class DistanceGram(nn.Module):
 
     In Y's frame the points are the rows ``y~_i`` of ``H Y``, and the cloud with Gram matrix S
     has squared pair distances ``d_ij^2(S) = (y~_i - y~_j)^T S (y~_i - y~_j)``, linear in S.
-    A :class:`PointGraph` gives invariant per-pair targets ``t_ij > 0``, weights ``w_ij > 0``
+    A `PointGraph` gives invariant per-pair targets ``t_ij > 0``, weights ``w_ij > 0``
     and precisions ``rho_ij >= 0`` (so relabelling permutes them with the points). The centre
 
-        ``S*(Y) = argmin_S sum_{i<j} w_ij (d_ij^2(S) - t_ij)^2``   (:func:`metric_fit`)
+        ``S*(Y) = argmin_S sum_{i<j} w_ij (d_ij^2(S) - t_ij)^2``   (`metric_fit`)
 
     is the metric that best gives the subspace's points the predicted distances. Then
     ``S = L exp(E) L^T`` with ``L L^T = S*`` and E Gaussian with precision (in
-    :func:`~grassflow.distributions.spd.sym_coords`)
+    `sym_coords`)
 
         ``P = sum_{i<j} rho_ij psi_ij psi_ij^T + O(k)-invariant isotropic part``,
         ``psi_ij = sym_coords(u u^T) / |u|^2``, ``u = L^T (y~_i - y~_j)``,
@@ -188,7 +191,11 @@ class DistanceGram(nn.Module):
     ``floor`` times the data's mean eigenvalue where the fit is not positive definite.
 
     Args:
-        n_points, k, hidden, layers, labels: as :class:`WishartGram`.
+        n_points: as `WishartGram`.
+        k: as `WishartGram`.
+        hidden: as `WishartGram`.
+        layers: as `WishartGram`.
+        labels: as `WishartGram`.
         components: mixture components.
         floor: relative lower bound of the centre's eigenvalues.
     """

@@ -6,7 +6,7 @@ A centred cloud of n points in R^k, written in the Helmert basis H (n x (n-1)) o
 relabelling the points permutes the rows. The potential reads the points only through their
 Gram matrix ``G = Y~ Y~^T`` (inner products and squared distances, invariant under O(k)) and
 aggregates over points by sums, so it is invariant under both groups. Its Riemannian gradient
-(:class:`~grassflow.nn.field.GrassmannField`) is then horizontal and equivariant under O(k)
+(`GrassmannField`) is then horizontal and equivariant under O(k)
 and under permutations, and a GrCNF with it has a density invariant to rotations and
 reflections of the basis and to relabelling of the points.
 """
@@ -122,7 +122,7 @@ def _pair_mean(layer: ConcatSquash, t: Tensor, h: Tensor, edges: Tensor) -> Tens
 
 
 def _pair_mean_jet(layer: ConcatSquash, t: Tensor, h: jet.Jet, e: jet.Jet) -> jet.Jet:
-    """The jet of :func:`_pair_mean` without the ``(m, ..., n, n, out)`` pair derivatives.
+    """The jet of `_pair_mean` without the ``(m, ..., n, n, out)`` pair derivatives.
 
     With ``z_ij = P_i + Q_j + R_ij`` (node, node and edge parts, gate folded in), the mean over
     j of ``f'(z_ij) dz_ij`` and of ``f''(z_ij) sum_a (dz_ij)^2`` expand into contractions over
@@ -156,8 +156,8 @@ def _pair_mean_jet(layer: ConcatSquash, t: Tensor, h: jet.Jet, e: jet.Jet) -> je
 
 
 class GraphPotential(nn.Module):
-    """The potential ``v(t, Y)``: :class:`PointGraph` features, mean over the points, and a
-    time-conditioned readout. Arguments as :class:`PointGraph`."""
+    """The potential ``v(t, Y)``: `PointGraph` features, mean over the points, and a
+    time-conditioned readout. Arguments as `PointGraph`."""
 
     supports_jet = True  # forward() is written with jet-aware ops
 

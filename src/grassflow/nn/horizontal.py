@@ -4,7 +4,7 @@ A centred cloud of n points in R^k spans a k-plane of the (n - 1)-dimensional sp
 centred coordinates; in the Helmert basis H its representative is ``Y: (n - 1, k)`` with
 orthonormal columns, and the rows of ``x = c H Y`` are the cloud whitened by its own second
 moment (``x^T x = c^2 I``). An E(k) x S_n-equivariant network ``v(t, x)`` (for example
-:class:`~grassflow.nn.egnn.EGNNField`) gives a velocity of those points; mapped back,
+`EGNNField`) gives a velocity of those points; mapped back,
 ``V = H^T v / c``, and projected onto the horizontal space, ``X = V - Y Y^T V``, it is a
 vector field on Gr(k, n - 1):
 
@@ -12,10 +12,10 @@ vector field on Gr(k, n - 1):
 - relabelling the cloud's points acts on Y by the orthogonal map ``Q = H^T Pi H``, and
   ``X -> Q X``: with a uniform prior the density is invariant to relabelling.
 
-Unlike the gradient of an invariant potential (:class:`~grassflow.nn.field.GrassmannField`),
+Unlike the gradient of an invariant potential (`GrassmannField`),
 the field need not be conservative: flow matching's marginal velocity in general is not.
 Its divergence is the exact trace by ``k (n - 1 - k)`` forward-mode products
-(:func:`~grassflow.ode.divergence_exact`, GrCNF's default for fields without a fast path).
+(`divergence_exact`, GrCNF's default for fields without a fast path).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 r"""Forward-mode Laplacian: value, directional derivatives and summed second derivatives in
 one forward pass.
 
-A :class:`Jet` of a quantity f(Y) holds, at the current Y and for directions
+A `Jet` of a quantity f(Y) holds, at the current Y and for directions
 ``E_1 .. E_m`` of the input,
 
 * ``v``: the value f, shape ``S``;
@@ -14,8 +14,8 @@ Propagation is exact: linear maps act on J and L alike; a smooth elementwise f g
 ``L' = f'(x) L + f''(x) sum_a J_a^2``; a product gives
 ``L' = a L_b + L_a b + 2 sum_a J_a(a) J_a(b)``. ``J = None`` or ``L = None`` stands for zero.
 
-Layers written with the functions of this module (:func:`linear`, :func:`tanh`,
-:func:`silu`, :func:`cat`, :func:`stack`) and with tensor operators (``+ - * @``, ``.mT``,
+Layers written with the functions of this module (`linear`, `tanh`,
+`silu`, `cat`, `stack`) and with tensor operators (``+ - * @``, ``.mT``,
 ``.mean(dim)``, ...) run unchanged on tensors and on jets, so a network is written once.
 Jet methods take negative dims only, because J has the extra leading direction axis.
 

@@ -26,7 +26,7 @@ class HorP(nn.Module):
         self.weight = nn.Parameter(torch.randn(D, width))
 
     def forward(self, Y: Tensor) -> Tensor:
-        """``Y: (..., D, k)`` (a tensor or a :class:`~grassflow.nn.jet.Jet`) ->
+        """``Y: (..., D, k)`` (a tensor or a `Jet`) ->
         ``(..., D, width)``."""
         W = self.weight
         return W - Y @ (Y.mT @ W)
@@ -48,7 +48,7 @@ class ConcatSquash(nn.Module):
 
     def forward(self, t: Tensor, x: Tensor) -> Tensor:
         """``t``: scalar or per-sample ``(...)`` times; ``x: (..., in)`` (a tensor or a
-        :class:`~grassflow.nn.jet.Jet`) -> ``(..., out)``."""
+        `Jet`) -> ``(..., out)``."""
         tt = t.to(dtype=x.dtype, device=x.device).unsqueeze(-1)
         x = jet.linear(x, self.linear.weight, self.linear.bias)  # x may be a Jet
         return x * torch.sigmoid(self.gate(tt)) + self.bias(tt)

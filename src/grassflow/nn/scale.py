@@ -4,7 +4,7 @@ r"""The paper's QM9 scale estimator, and the decoder density built on it for the
 ``Y: (n, k)`` (flattened) -> [FC -> BatchNorm -> SiLU] x (128, 256, 256, 128) -> FC -> ReLU,
 giving one scale sqrt(lam_i) per basis vector, so that ``P = Y diag(sqrt(lam))``.
 
-A point estimate is not a density, so :class:`GramDecoder` turns it into one: a density of the
+A point estimate is not a density, so `GramDecoder` turns it into one: a density of the
 in-plane Gram matrix ``S = Y^T P P^T Y`` (SPD(k), Lebesgue on the entries i <= j) given the
 representative Y, centred on the paper's reconstruction S = diag(s(Y)^2). With the Cholesky
 factor ``S = L L^T`` (L lower triangular, positive diagonal),
@@ -18,7 +18,7 @@ with learned global tau, omega. ``dS = 2^k prod_i L_ii^{k-i+1} dL`` (Muirhead Th
 
 (i from 1). The density is not equivariant (``p(Q^T S Q | Y Q) != p(S | Y)``): the paper's
 model reads the scales off the basis vectors, which is why its likelihood needs the ELBO
-over the orientation Q (:func:`grassflow.distributions.cartesian.cartesian_elbo`).
+over the orientation Q (`grassflow.distributions.cartesian.cartesian_elbo`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class ScaleEstimator(nn.Module):
     """``Y: (..., n, k)`` -> scales ``sqrt(lam): (..., k)`` (paper's QM9 scale estimator).
 
     Args:
-        n, k: representative shape (QM9 com-free: 18, 3).
+        n: rows of the representatives ``(..., n, k)`` (QM9 com-free: 18).
+        k: their columns (QM9: 3).
         hidden: trunk widths, the paper's ``(128, 256, 256, 128)``.
         norm: ``"batch"`` (the paper's), ``"layer"`` or ``None``.
         init_scale: optional ``(k,)`` typical scales; the output layer starts near them
@@ -81,7 +82,7 @@ class GramDecoder(nn.Module):
     """``p(S | Y)`` on SPD(k) around the scale estimator's ``diag(s(Y)^2)`` (module docstring).
 
     Args:
-        estimator: the :class:`ScaleEstimator`.
+        estimator: the `ScaleEstimator`.
         init_tau: initial std of each log L_ii; init_omega: of each L_ij (Å for QM9).
     """
 

@@ -1,6 +1,6 @@
 """ODE integrators and divergences on Gr(k, D) for points ``Y: (..., D, k)``.
 
-:func:`odeint_grassmann` is the entry point; ``method`` picks the intrinsic Cayley
+`odeint_grassmann` is the entry point; ``method`` picks the intrinsic Cayley
 Runge-Kutta-Munthe-Kaas solver, the projected ambient torchdiffeq solver, or the paper's
 Kronecker-product chart solver (a slow reference).
 """

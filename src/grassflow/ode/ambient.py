@@ -4,7 +4,7 @@ The vector field is extended off the manifold by evaluating the dynamics at the 
 point, ``f(t, Y) = dynamics(t, pi(Y))``, and the answer is ``pi(Y(t1))``. Along the exact
 flow ``Y^T Y`` stays the identity, so the numerical state drifts off the manifold only by
 the integration error; ``pi`` removes that drift. This is the baseline that the intrinsic
-Cayley-RKMK solver (:mod:`grassflow.ode.rkmk`) is compared with, and it gives access to
+Cayley-RKMK solver (`grassflow.ode.rkmk`) is compared with, and it gives access to
 torchdiffeq's adjoint method.
 
 References:
@@ -96,7 +96,7 @@ def solve_ambient(
     adjoint_params: tuple[Tensor, ...],
 ) -> tuple[Tensor, Tensor, dict]:
     """Projected ambient dopri5 from t0 to t1. Inputs are validated by
-    :func:`grassflow.ode.odeint_grassmann`, which documents the arguments.
+    `grassflow.ode.odeint_grassmann`, which documents the arguments.
 
     ``stats['nfe']`` counts forward evaluations only; the adjoint's backward solve runs later.
     """

@@ -37,7 +37,7 @@ def horizontal_frame(Y: Tensor) -> Tensor:
 
 def horizontal_basis(Y: Tensor, frame: Tensor | None = None) -> Tensor:
     """Orthonormal basis of the horizontal space at ``Y: (..., D, k)``: ``(k(D-k), ..., D, k)``,
-    ``E[i k + j] = F[..., :, i] e_j^T`` for the frame F (default :func:`horizontal_frame`)."""
+    ``E[i k + j] = F[..., :, i] e_j^T`` for the frame F (default `horizontal_frame`)."""
     D, k = Y.shape[-2:]
     F = horizontal_frame(Y) if frame is None else frame
     eye = torch.eye(k, dtype=Y.dtype, device=Y.device)

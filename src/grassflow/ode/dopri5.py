@@ -1,5 +1,5 @@
 """The Dormand-Prince 5(4) tableau and step-size controller constants, shared by the
-Grassmann solvers (:mod:`.rkmk`, :mod:`.kronecker`).
+Grassmann solvers (`rkmk`, `kronecker`).
 
 References:
     Dormand, Prince. A family of embedded Runge-Kutta formulae. J. Comput. Appl. Math. 6

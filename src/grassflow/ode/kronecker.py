@@ -2,19 +2,21 @@ r"""Paper-faithful reference solver: DOPRI5 in Cayley-retraction coordinates, Kr
 
 The paper (Appendix "Details on ODE Solver with Orthogonal Integration") writes the solution
 near the current point Y as ``gamma(t) = R_Y(xi(t))``, with R the Cayley retraction
-(:meth:`Grassmann.retr`), and integrates the chart ODE
+(`Grassmann.retr`), and integrates the chart ODE
 
-.. math:: \frac{d\,\mathrm{vec}\,\xi}{dt} = \nabla_\gamma \overline{R}_Y^{-1}\,
-          \mathrm{vec}\,X(t, \gamma(t))
+$$
+\frac{d\,\mathrm{vec}\,\xi}{dt} = \nabla_\gamma \overline{R}_Y^{-1}\,
+\mathrm{vec}\,X(t, \gamma(t))
+$$
 
 with one DOPRI5 step, then re-centres ``Y <- R_Y(xi)``, ``xi <- 0``. The Jacobian of the inverse
-retraction ``R_Y^{-1}(X) = 2 M N^{-1}`` (eq. 38, :meth:`Grassmann.inv_retr`) is built as
-explicit Dk x Dk matrices (column-major vec)::
+retraction ``R_Y^{-1}(X) = 2 M N^{-1}`` (eq. 38, `Grassmann.inv_retr`) is built as
+explicit Dk x Dk matrices (column-major vec):
 
     J = 2 (N^{-T} (x) I_D) dM + 2 (I_k (x) M) dN^{-1},
     dM = I_Dk - I_k (x) Y Y^T,   dN^{-1} = -(N^{-T} (x) N^{-1}) (I_k (x) Y^T),
 
-with ``M = X - Y Y^T X`` and ``N = I_k + Y^T X`` (:func:`inv_retr_jacobian`). Two deviations
+with ``M = X - Y Y^T X`` and ``N = I_k + Y^T X`` (`inv_retr_jacobian`). Two deviations
 from the printed text, both needed for a correct answer and checked in tests/test_kronecker.py:
 
 * The paper prints ``M = Y - X X^T Y``, ``N = I_k + X^T Y`` (and X in dM, dN^{-1}): that is the
@@ -31,11 +33,11 @@ from the printed text, both needed for a correct answer and checked in tests/tes
 
 Cost per stage: forming J as the printed product ``(N^{-T} (x) I_D) dM`` is a dense
 (Dk)x(Dk) matrix product, O(D^3 k^3) time and O(D^2 k^2) memory per point (applying J alone is
-O(D^2 k^2)); the default :mod:`grassflow.ode.rkmk` solver works with D x 12k factors in
+O(D^2 k^2)); the default `grassflow.ode.rkmk` solver works with D x 12k factors in
 O(D k^2). This module is the baseline for benchmarks and tests, not for training.
 
 The step-size controller, error norm, initial step and FSAL reuse of the dynamics are those of
-:func:`grassflow.ode.rkmk.solve_cayley_rkmk`, so NFE and accuracy are directly comparable.
+`grassflow.ode.rkmk.solve_cayley_rkmk`, so NFE and accuracy are directly comparable.
 
 References:
     Yataka, Hirashima, Shiraishi. Grassmann Manifold Flows for Stable Shape Generation.
@@ -120,7 +122,7 @@ def _rates(Y: Tensor, Z: Tensor, rho: Tensor, Rot: Tensor, X: Tensor) -> tuple[T
 def _step(dynamics: Dynamics, gr: Grassmann, t: float, t_end: float, h: float, Y, a, X, r):
     """One DOPRI5 step of signed size h in the chart at Y; ``(X, r)`` are the dynamics at Y.
 
-    Returns ``(Y_new, a_new, X_new, r_new, err_Y, err_a)`` like :func:`rkmk._step`; the point
+    Returns ``(Y_new, a_new, X_new, r_new, err_Y, err_a)`` like `rkmk._step`; the point
     error is ``err_xi + Y err_rho``, the first-order displacement of the point.
     """
     eye = torch.eye(Y.shape[-1], dtype=Y.dtype, device=Y.device)
@@ -151,10 +153,10 @@ def solve_kronecker(
     **options,
 ) -> tuple[Tensor, Tensor, dict]:
     """Adaptive DOPRI5 in re-centred Cayley charts from t0 to t1 (either direction). Inputs are
-    validated by :func:`grassflow.ode.odeint_grassmann`, which documents the arguments.
+    validated by `grassflow.ode.odeint_grassmann`, which documents the arguments.
 
-    Controller, error norm and statistics are those of :func:`~grassflow.ode.rkmk.
-    solve_cayley_rkmk` (the shared :func:`~grassflow.ode.rkmk.adaptive_dopri5`); each accepted
+    Controller, error norm and statistics are those of `solve_cayley_rkmk`
+    (the shared `adaptive_dopri5`); each accepted
     step re-centres the chart at the new point (xi, rho <- 0); backprop goes through the
     accepted steps.
     """

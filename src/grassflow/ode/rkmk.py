@@ -219,8 +219,8 @@ def solve_cayley_rkmk(
     **options,
 ) -> tuple[Tensor, Tensor, dict]:
     """Adaptive DOPRI5 Cayley-RKMK from t0 to t1 (either direction). Inputs are validated by
-    :func:`grassflow.ode.odeint_grassmann`, which documents the arguments (``options``:
-    atol, rtol, max_steps, first_step); the controller is :func:`adaptive_dopri5`.
+    `grassflow.ode.odeint_grassmann`, which documents the arguments (``options``:
+    atol, rtol, max_steps, first_step); the controller is `adaptive_dopri5`.
     """
 
     def step(t, t_end, h, Y, a, X, r):

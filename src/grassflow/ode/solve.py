@@ -79,14 +79,16 @@ def odeint_grassmann(
             history from torchdiffeq's step-size choice; use ``t.item()``, not ``float(t)``.
         Y0: ``(..., D, k)`` orthonormal initial representatives (``1 <= k < D``).
         a0: ``(...)`` initial accumulator, or a scalar broadcast to the batch.
-        t0, t1: start and end times; ``t1 < t0`` integrates backward.
+        t0: start time.
+        t1: end time; ``t1 < t0`` integrates backward.
         method: ``"cayley_rkmk"`` (intrinsic DOPRI5 Runge-Kutta-Munthe-Kaas with the Cayley
-            map, orthonormal to rounding error; :mod:`grassflow.ode.rkmk`), ``"ambient"``
+            map, orthonormal to rounding error; `grassflow.ode.rkmk`), ``"ambient"``
             (torchdiffeq dopri5 on the ambient matrix with Newton-Schulz projection;
-            :mod:`grassflow.ode.ambient`) or ``"kronecker"`` (the paper's dopri5 in re-centred
+            `grassflow.ode.ambient`) or ``"kronecker"`` (the paper's dopri5 in re-centred
             Cayley charts with explicit Dk x Dk Kronecker Jacobians, a slow reference;
-            :mod:`grassflow.ode.kronecker`).
-        atol, rtol: error tolerances; one step size serves the whole batch.
+            `grassflow.ode.kronecker`).
+        atol: absolute error tolerance; one step size serves the whole batch.
+        rtol: relative error tolerance (as atol).
         adjoint: ``method="ambient"`` only: gradients by torchdiffeq's adjoint method, in
             O(1) memory, to Y0, a0 and ``adjoint_params``.
         adjoint_params: the tensors that ``dynamics`` depends on and that need gradients

@@ -10,9 +10,9 @@ Example:
     ...                "runs/my_flow", val_data=Y_val, resume=True)
     >>> result.stopped  # "done" or "budget" (run again to continue)
 
-:func:`train_shape_flow` fits both parts of a :class:`~grassflow.flows.ShapeFlow` with it.
+`train_shape_flow` fits both parts of a `ShapeFlow` with it.
 The same call trains data-parallel under ``torchrun --nproc_per_node N``; see
-:mod:`grassflow.training.distributed`.
+`grassflow.training.distributed`.
 """
 
 from .batches import Sampler, SamplerBatches, TensorBatches

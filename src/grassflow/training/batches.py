@@ -23,9 +23,9 @@ Sampler = Callable[[int, torch.Generator], Tensor]
 
 
 def model_manifold(model: object) -> Grassmann | None:
-    """``model.manifold`` if it is a :class:`Grassmann` (a GrCNF's), else ``None``.
+    """``model.manifold`` if it is a `Grassmann` (a GrCNF's), else ``None``.
 
-    The training loop passes it to :func:`check_points`, so that a flow on Gr(k, D) is only
+    The training loop passes it to `check_points`, so that a flow on Gr(k, D) is only
     ever fed orthonormal ``(N, D, k)`` points, while other models (e.g. the QM9 scale model,
     trained on raw positions) get the generic checks.
     """
@@ -143,9 +143,10 @@ class SamplerBatches(BatchStream):
         sampler: ``(n, torch.Generator) -> (n, D, k)``.
         batch_size: points per batch.
         seed: run seed.
-        device, dtype: where batches are moved to.
+        device: where batches are moved to.
+        dtype: what batches are cast to.
         manifold: if given, the first batch must be orthonormal points of it (see
-            :func:`check_points`).
+            `check_points`).
     """
 
     def __init__(
@@ -195,8 +196,8 @@ def make_batches(
 ) -> BatchStream:
     """A ``TensorBatches`` for a tensor ``(N, D, k)``, a ``SamplerBatches`` for a callable.
 
-    The tensor (or the sampler's first batch) is validated by :func:`check_points`, with
-    ``manifold`` (the model's Gr(k, D), see :func:`model_manifold`) if given.
+    The tensor (or the sampler's first batch) is validated by `check_points`, with
+    ``manifold`` (the model's Gr(k, D), see `model_manifold`) if given.
     """
     if isinstance(data, Tensor):
         check_points(data, "train data", manifold)

@@ -36,7 +36,8 @@ class Stopwatch:
     """CPU and wall seconds accumulated over the spans it ran (``start`` ... ``stop``).
 
     Attributes:
-        cpu, wall: seconds of the finished spans.
+        cpu: CPU seconds of the finished spans.
+        wall: wall seconds of the finished spans.
     """
 
     cpu: float = 0.0

@@ -1,7 +1,7 @@
 """Data parallelism on ``torch.distributed`` for runs launched by ``torchrun``.
 
 Under ``torchrun --nproc_per_node N`` (environment ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``)
-:func:`init` joins the process group: gloo for CPU tensors, NCCL for CUDA tensors (one GPU
+`init` joins the process group: gloo for CPU tensors, NCCL for CUDA tensors (one GPU
 per rank), with ``$GRASSFLOW_DIST_TIMEOUT_S`` (default 600 s) as the collective timeout, so a
 lost peer ends the job instead of hanging it. Without torchrun, or with ``WORLD_SIZE=1``,
 every function here is a no-op or the identity: a single-process run is unchanged.
@@ -10,7 +10,7 @@ What is sharded (``B`` is the configured, global batch size):
 
 * Training batches: every rank builds the same global batch from the run seed (a shuffled
   index set or a sampler draw) and keeps its contiguous slice of ``B / N`` points
-  (:class:`ShardedBatches`); a tensor dataset is read only at this rank's rows.
+  (`ShardedBatches`); a tensor dataset is read only at this rank's rows.
 * Gradients: DistributedDataParallel averages the ranks' gradients; each rank's loss is a
   mean over its shard, weighted by ``N * (its size) / B``, so the step is the global-batch
   mean gradient and the learning rate is unchanged.
@@ -18,7 +18,7 @@ What is sharded (``B`` is the configured, global batch size):
   ``r`` is seeded by ``(seed, r)`` and checkpointed per rank; rank 0's stream is the
   single-process one.
 * Evaluation: fixed chunks of ``batch_size`` points are split into contiguous blocks, one per
-  rank, and gathered in order (:mod:`.parallel_eval`); each chunk is solved exactly as a
+  rank, and gathered in order (`parallel_eval`); each chunk is solved exactly as a
   single process solves it, so the numbers do not depend on ``N``.
 """
 
@@ -110,7 +110,7 @@ def world() -> int:
 
 
 def is_main() -> bool:
-    """Whether this process writes files and prints: rank 0 (also before :func:`init`)."""
+    """Whether this process writes files and prints: rank 0 (also before `init`)."""
     if not _active():
         return not launched() or os.environ["RANK"] == "0"
     return rank() == 0

@@ -7,7 +7,7 @@ training; likelihoods are evaluated afterwards with the exact-divergence ODE.
 The pairs are independent by default. ``coupling="ot"`` re-pairs each minibatch by an exact
 assignment that minimizes the summed squared geodesic distance (minibatch optimal transport,
 Tong et al. 2023), which shortens and straightens the regression targets. For spans of
-centred clouds (Gr(k, n - 1) in Helmert coordinates, :class:`~grassflow.flows.ShapeFlow`'s),
+centred clouds (Gr(k, n - 1) in Helmert coordinates, `ShapeFlow`'s),
 ``coupling="relabel"`` relabels each data cloud's points towards its prior sample instead
 (Klein et al. 2023's equivariant alignment, applied to the subspaces' own points): a density
 invariant to relabelling has the same law for the relabelled data, and the geodesics get
@@ -40,7 +40,8 @@ def ot_pairing(manifold: Grassmann, Y0: Tensor, Y1: Tensor) -> Tensor:
     """The permutation ``p`` minimizing ``sum_i dist(Y0[p[i]], Y1[i])^2`` (exact, Hungarian).
 
     Args:
-        Y0, Y1: ``(B, D, k)`` points.
+        Y0: ``(B, D, k)`` points.
+        Y1: ``(B, D, k)`` points.
 
     Returns:
         ``(B,)`` long indices into ``Y0``.
@@ -65,7 +66,7 @@ def relabel_pairing(Y0: Tensor, Y1: Tensor) -> Tensor:
     ``Y: (B, n - 1, k)`` are representatives on Gr(k, n - 1) of centred clouds of n points in
     Helmert coordinates; their points in their own frame are the rows of ``H Y`` (n x k). Each
     ``H Y1`` is aligned to ``H Y0`` by relabelling and an orthogonal map
-    (:func:`grassflow.baselines.matching.align`); the result is ``H^T`` of it, a
+    (`grassflow.baselines.matching.align`); the result is ``H^T`` of it, a
     representative of the relabelled cloud's span.
     """
     from ..baselines.matching import align  # the alignment is the baseline's, on other points
@@ -102,18 +103,18 @@ def flow_matching_losses(model: nn.Module, Y0: Tensor, Y1: Tensor, s: Tensor) ->
 def flow_matching_objective(
     model: nn.Module, batch: Tensor, coupling: str = "independent"
 ) -> tuple[Tensor, dict[str, Any]]:
-    """Flow-matching loss ``E ||T X(sT, Y_s) - u_s||^2`` for a :class:`GrCNF`.
+    """Flow-matching loss ``E ||T X(sT, Y_s) - u_s||^2`` for a `GrCNF`.
 
     Uses GrCNF's time convention (prior at s = 0, data at s = 1, ``dY/ds = T X(sT, Y)``), so a
     model trained this way is an ordinary GrCNF: same checkpoint, ``log_prob`` and ``sample``.
     Prior samples and times come from the global RNG, which the training loop seeds and
-    checkpoints; the loss given them is :func:`flow_matching_losses`.
+    checkpoints; the loss given them is `flow_matching_losses`.
 
     Args:
         model: a GrCNF (needs ``prior()``, ``manifold``, ``field`` and ``T``).
         batch: ``(B, D, k)`` data points, orthonormal (the training loop checks them once).
         coupling: ``"independent"``, ``"ot"`` (minibatch optimal transport) or
-            ``"relabel"`` (:func:`relabel_pairing`; clouds' spans only).
+            ``"relabel"`` (`relabel_pairing`; clouds' spans only).
 
     Returns:
         The scalar loss (mean over the batch) and stats ``{"nfe": 0}``.

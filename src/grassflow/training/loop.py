@@ -4,7 +4,7 @@ A run directory holds ``config.json`` (resolved config), ``last.pt`` (everything
 resume bit-exactly), ``best.pt`` (best validation model) and ``metrics.jsonl``.
 
 Under ``torchrun --nproc_per_node N`` the same call trains data-parallel (see
-:mod:`.distributed`); rank 0 alone writes the run directory and shows the progress bar.
+`distributed`); rank 0 alone writes the run directory and shows the progress bar.
 """
 
 from __future__ import annotations

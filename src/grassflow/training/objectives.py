@@ -46,7 +46,7 @@ def mean_nll(model: nn.Module, Y: Tensor, batch_size: int) -> float:
     """Mean ``-log_prob`` over ``Y: (N, D, k)``, evaluated in chunks of ``batch_size``.
 
     Runs under ``torch.no_grad()``: models that differentiate internally (a CNF's
-    divergence) must re-enable autograd themselves, as :class:`GrCNF` does.
+    divergence) must re-enable autograd themselves, as `GrCNF` does.
     The model is put in eval mode for the call and restored afterwards.
     """
     was_training = model.training

@@ -69,7 +69,7 @@ def distributed_transport(model: nn.Module, Y0: Tensor, batch_size: int) -> Tens
 
 
 def distributed_mean_nll(model: nn.Module, Y: Tensor, batch_size: int) -> float:
-    """:func:`~grassflow.training.mean_nll` with the chunks shared among the ranks.
+    """`mean_nll` with the chunks shared among the ranks.
 
     The per-chunk sums are gathered and added in chunk order, as a single process adds
     them, so the value is the single-process one.

@@ -22,8 +22,10 @@ class TrainResult:
             summed over invocations.
         run_dir: the run directory.
         message: one human-readable line.
-        cpu_seconds, wall_seconds: training CPU and wall seconds, summed over invocations.
-        val_cpu_seconds, val_wall_seconds: the same for validation.
+        cpu_seconds: training CPU seconds, summed over invocations.
+        wall_seconds: training wall seconds, summed over invocations.
+        val_cpu_seconds: validation CPU seconds, summed over invocations.
+        val_wall_seconds: validation wall seconds, summed over invocations.
         threads: torch intra-op threads of this invocation.
     """
 

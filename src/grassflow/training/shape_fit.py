@@ -1,4 +1,4 @@
-"""Fitting a :class:`~grassflow.flows.ShapeFlow`: its two parts, each trained resumably in
+"""Fitting a `ShapeFlow`: its two parts, each trained resumably in
 its own directory, and loading them back.
 
 The Cartesian NLL of a ShapeFlow is the sum of its Grassmann part, its Gram part and a term of
@@ -24,7 +24,7 @@ __all__ = ["GramTerm", "load_shape_flow", "train_shape_flow"]
 
 
 class GramTerm(nn.Module):
-    """``log_prob(P)`` = the Gram density's term of :meth:`ShapeFlow.log_prob` (for training
+    """``log_prob(P)`` = the Gram density's term of `ShapeFlow.log_prob` (for training
     it alone by maximum likelihood; it holds no flow parameters)."""
 
     def __init__(self, model: ShapeFlow):
@@ -53,16 +53,18 @@ def train_shape_flow(
 
     First the flow on the canonical representatives of the training clouds' spans, by
     ``objective`` (``"fm"``, ``"fm-ot"`` or ``"mle"``) with ``flow``, in ``run_dir/flow``;
-    then the Gram density by maximum likelihood (:class:`GramTerm`) with ``gram``, in
+    then the Gram density by maximum likelihood (`GramTerm`) with ``gram``, in
     ``run_dir/gram``. A fresh Gram density first takes the training clouds' mean scale
     (its ``initialize``); a resumed one continues from its checkpoint.
 
     Args:
-        model: the :class:`ShapeFlow`, in the clouds' dtype; each part is moved in place to
+        model: the `ShapeFlow`, in the clouds' dtype; each part is moved in place to
             its configuration's device and dtype.
-        train_clouds, val_clouds: ``(N, n, d)`` clouds (any translation).
+        train_clouds: ``(N, n, d)`` clouds (any translation).
+        val_clouds: ``(M, n, d)`` clouds (any translation).
         run_dir: the run directory (``flow/`` and ``gram/`` are made in it).
-        flow, gram: the two training configurations.
+        flow: the flow's training configuration.
+        gram: the Gram density's training configuration.
         objective: the flow's.
         n_val_flow: validation clouds for the flow's exact NLL (None: all); the Gram density
             is validated on all of them.
@@ -80,7 +82,7 @@ def train_shape_flow(
 
 def load_shape_flow(model: ShapeFlow, run_dir: str | Path, which: str = "best") -> ShapeFlow:
     """``model`` with the ``which`` checkpoint of each part trained by
-    :func:`train_shape_flow` in ``run_dir`` (cast to ``model``'s dtype), in eval mode."""
+    `train_shape_flow` in ``run_dir`` (cast to ``model``'s dtype), in eval mode."""
     run_dir = Path(run_dir)
     for part, module in (("flow", model.flow), ("gram", model.gram)):
         ckpt = load_checkpoint(checkpoint_path(run_dir / part, which), required=("model",))

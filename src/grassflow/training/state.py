@@ -29,9 +29,11 @@ class TrainState:
     Attributes:
         iteration: optimizer steps done.
         last_loss: loss of the latest step.
-        best_val, best_iteration: best validation NLL and when it was reached.
-        train, val: CPU and wall seconds of training (validation excluded) and of
-            validation, summed over invocations; ``train`` runs while the loop trains.
+        best_val: best validation NLL.
+        best_iteration: iteration at which ``best_val`` was reached.
+        train: CPU and wall seconds of training (validation excluded), summed over
+            invocations; it runs while the loop trains.
+        val: CPU and wall seconds of validation, summed over invocations.
         saved_iteration: iteration stored in ``last.pt`` (None if not written yet).
         spent_total_budget: the ``total_budget_minutes`` that stopped the run, if it did; a
             rerun with a total no larger than this trains no further.

@@ -79,7 +79,9 @@ def plot_energy_histograms(
         energies: label -> ``(N,)`` energies.
         path: output PNG (parent folders are created).
         title: figure title.
-        bins, limits, log_density: as in :func:`draw_histograms`.
+        bins: number of equal bins (as in `draw_histograms`).
+        limits: ``(lo, hi)`` of the bins (as in `draw_histograms`).
+        log_density: log scale on the y axis.
 
     Returns:
         The figure (already saved).

@@ -60,7 +60,10 @@ def figure_prior_views(
         azims: rotations in degrees.
         elev: camera elevation in degrees.
         n: density grid ``(n_lat, n_lon)``.
-        cmap, chunk, dtype, device: as in :func:`plot_density`.
+        cmap: matplotlib colormap name (as in `plot_density`).
+        chunk: grid points per ``log_prob_fn`` call.
+        dtype: of the points passed to ``log_prob_fn``; default torch's default dtype.
+        device: of the points passed to ``log_prob_fn``.
     """
     # the density does not depend on the view: evaluate once, draw every panel from it
     g = sphere_grid(*n)
@@ -75,7 +78,7 @@ def figure_prior_views(
 
 @dataclass
 class SphereColumn:
-    """One column of :func:`figure_textures`; every entry is optional.
+    """One column of `figure_textures`; every entry is optional.
 
     Attributes:
         title: column header, e.g. ``"2 spirals"``.
@@ -108,9 +111,10 @@ def figure_textures(
     A row is drawn when at least one column has that entry; missing cells stay blank.
 
     Args:
-        columns: :class:`SphereColumn` or mappings with the same keys.
+        columns: `SphereColumn` or mappings with the same keys.
         path: output PNG.
-        elev, azim: one camera for every panel.
+        elev: camera elevation in degrees, the same for every panel.
+        azim: camera azimuth in degrees, the same for every panel.
         n: density grid ``(n_lat, n_lon)``.
         s: marker size.
         dtype: of the points passed to each ``log_prob_fn``.
@@ -158,7 +162,8 @@ def figure_antipodal(
         neg_prior: ``(N, 3, 1)`` negated prior samples ``-Y0`` (leftmost panel).
         generated: ``{title: (N, 3, 1)}`` flow outputs from ``-Y0``, one panel each.
         path: output PNG.
-        elev, azim: camera angles in degrees (default: southern hemisphere, facing -e1).
+        elev: camera elevation in degrees (default: southern hemisphere).
+        azim: camera azimuth in degrees (default: facing -e1).
         s: marker size.
     """
     panels = [("Prior (antipodal)", neg_prior, "0.3")]

@@ -1,6 +1,6 @@
 """The paper's Figure 5 for QM9: generated molecules beside their nearest training molecules.
 
-The alignment and the nearest-neighbour search are in :mod:`grassflow.metrics.alignment`.
+The alignment and the nearest-neighbour search are in `grassflow.metrics.alignment`.
 
 References:
     Yataka, Hirashima, Shiraishi. Grassmann Manifold Flows for Stable Shape Generation
@@ -10,6 +10,7 @@ References:
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -55,7 +56,7 @@ def plot_nearest(
     bond_cutoff: float = 1.7,
     elev: float = 20.0,
     azim: float = -60.0,
-    **nearest_kwargs,
+    **nearest_kwargs: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Figure 5: ``n`` rows, each a generated molecule beside its aligned nearest training one.
 
@@ -63,19 +64,21 @@ def plot_nearest(
     (atoms closer than ``bond_cutoff``), since the generator does not model atom types;
     generated atoms are drawn in one colour, training atoms by element if ``charges`` is
     given. Both panels of a row share the view and the axis limits, and the training
-    molecule is superposed onto the generated one with :func:`align`.
+    molecule is superposed onto the generated one with `align`.
 
     Args:
-        X: generated molecules, shape=[M, n_atoms, 3] (Å), ``M >= n``.
-        T: training molecules, shape=[N, n_atoms, 3] (Å).
+        X (ArrayLike): generated molecules, shape=[M, n_atoms, 3] (Å), ``M >= n``.
+        T (ArrayLike): training molecules, shape=[N, n_atoms, 3] (Å).
         path: output PNG (saved at 110 dpi).
         n: rows.
-        charges: optional atomic numbers of ``T``, shape=[N, n_atoms] (H=1, C=6, ...).
-        idx: optional precomputed nearest rows of ``T``, shape=[n] or [M, k] (first column
-            used); computed with :func:`nearest` if omitted.
+        charges (ArrayLike | None): optional atomic numbers of ``T``, shape=[N, n_atoms]
+            (H=1, C=6, ...).
+        idx (ArrayLike | None): optional precomputed nearest rows of ``T``, shape=[n] or
+            [M, k] (first column used); computed with `nearest` if omitted.
         bond_cutoff: bond length threshold (Å).
-        elev, azim: camera angles in degrees.
-        **nearest_kwargs: passed to :func:`nearest` (and on to :func:`align`).
+        elev: camera elevation in degrees.
+        azim: camera azimuth in degrees.
+        **nearest_kwargs: passed to `nearest` (and on to `align`).
 
     Returns:
         ``idx``: int64 shape=[n], the training rows drawn; ``rmsd``: float64 shape=[n] (Å).

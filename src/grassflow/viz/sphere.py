@@ -1,6 +1,6 @@
 """Drawing Gr(1, 3) on the unit sphere: points and densities on a 3-D axis.
 
-The paper's multi-panel figures built from these are in :mod:`.figures`.
+The paper's multi-panel figures built from these are in `figures`.
 
 A line ``[y]`` is drawn as the antipodal pair ``+-y``. Figures are built on
 ``matplotlib.figure.Figure`` directly (Agg canvas), never through pyplot, so nothing
@@ -82,13 +82,17 @@ def plot_points(
     """Scatter Gr(1, 3) points on a semi-transparent unit sphere.
 
     Args:
-        ax: a 3-D axes (``fig.add_subplot(projection="3d")``).
+        ax (Axes3D): a 3-D axes (``fig.add_subplot(projection="3d")``).
         Y: ``(N, 3, 1)`` or ``(N, 3)`` representatives (normalized here for drawing).
         antipodal: also draw ``-y`` (the full line); ``False`` shows the given representative.
-        color, s, alpha: scatter style.
-        elev, azim: camera angles in degrees.
+        color (str | tuple[float, ...]): matplotlib colour of the points.
+        s: marker size.
+        alpha: opacity of the points.
+        elev: camera elevation in degrees.
+        azim: camera azimuth in degrees.
         hide_back: skip points on the far side of the sphere, which matplotlib cannot occlude.
-        sphere_color, sphere_alpha: style of the sphere surface.
+        sphere_color (str | tuple[float, ...]): matplotlib colour of the sphere surface.
+        sphere_alpha: opacity of the sphere surface.
     """
     y = _as_vectors(Y)
     y = y / np.linalg.norm(y, axis=1, keepdims=True).clip(1e-12)
@@ -140,16 +144,18 @@ def plot_density(
     """Colour the unit sphere by the density ``exp(log_prob_fn(y))``; brighter is higher.
 
     Args:
-        ax: a 3-D axes.
+        ax (Axes3D): a 3-D axes.
         log_prob_fn: maps ``(N, 3, 1)`` to ``(N,)``. A density on Gr(1, 3) is even,
             ``p(y) = p(-y)``; it is evaluated as given (not symmetrized), so an asymmetric
             picture exposes a model that is not a density on Gr(1, 3).
         n: ``(n_lat, n_lon)`` of the evaluation grid.
-        elev, azim: camera angles in degrees.
+        elev: camera elevation in degrees.
+        azim: camera azimuth in degrees.
         cmap: matplotlib colormap name.
         vmax: density mapped to the brightest colour; default the grid maximum.
         chunk: grid points per ``log_prob_fn`` call.
-        dtype, device: of the points passed to ``log_prob_fn``; default torch's default dtype.
+        dtype: of the points passed to ``log_prob_fn``; default torch's default dtype.
+        device: of the points passed to ``log_prob_fn``.
 
     Returns:
         The density on the grid, ``(n_lat, n_lon)``.
