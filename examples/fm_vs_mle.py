@@ -9,7 +9,7 @@ matching (``"fm"``) regresses the field on geodesic velocities with no solve, so
 more, cheaper steps in the same time. Which one wins depends on the texture and the budget.
 
     python examples/fm_vs_mle.py                       # 1 CPU minute per objective
-    python examples/fm_vs_mle.py --dataset 2spirals --preset fourier --budget-minutes 3
+    python examples/fm_vs_mle.py --dataset 2spirals --preset fourier --minutes 3
     python examples/fm_vs_mle.py --tiny                # seconds (CI)
 
 ``grassflow reproduce fm-vs-mle`` is the full experiment (NLL against time, five textures).
@@ -29,13 +29,13 @@ parser.add_argument("--preset", default="paper", choices=sorted(texture_runs.PRE
                     help="the model (its own objective is replaced)")
 parser.add_argument("--objectives", nargs="+", default=["mle", "fm"],
                     choices=["mle", "fm", "fm-ot"])
-parser.add_argument("--budget-minutes", type=float, default=None,
+parser.add_argument("--minutes", type=float, default=None,
                     help="training CPU minutes per objective (default 1, tiny 0.03)")
 parser.add_argument("--out", help="run directory (default runs/fm_vs_mle[-tiny])")
 parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
 args.out = args.out or f"runs/fm_vs_mle{'-tiny' if args.tiny else ''}"
-minutes = args.budget_minutes or (0.03 if args.tiny else 1.0)
+minutes = args.minutes or (0.03 if args.tiny else 1.0)
 n_held_out = 100 if args.tiny else 500
 
 rows = {}

@@ -15,7 +15,7 @@ density on a small CPU budget, ``evaluate`` prints the exact test NLL and its pa
 
 The same from the command line:
 
-    grassflow train --data FOLDER --run-dir runs/mine --budget-minutes 2
+    grassflow train --data FOLDER --run-dir runs/mine --minutes 2
     grassflow eval runs/mine
     grassflow sample runs/mine --n 100 --out samples
 """
@@ -32,7 +32,7 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--tiny", action="store_true", help="a few training steps (CI)")
 parser.add_argument("--data", help="a folder of .xyz files (default: write a synthetic one)")
 parser.add_argument("--out", help="run directory (default runs/shapes_xyz[-tiny])")
-parser.add_argument("--budget-minutes", type=float, default=2.0, help="CPU minutes, both parts")
+parser.add_argument("--minutes", type=float, default=2.0, help="CPU minutes, both parts")
 parser.add_argument("--n-samples", type=int, default=100)
 parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
@@ -53,7 +53,7 @@ if args.data is None:
         write_xyz(f"{args.data}/conf_{i:04d}.xyz", cloud, ATOMS, f"noisy methanol {i}")
 
 exp = shape_runs.ShapeExperiment(data=args.data, n_val_flow=20 if args.tiny else 50)
-flow_minutes, gram_minutes = shape_runs.split_budget(args.budget_minutes)  # as `grassflow train`
+flow_minutes, gram_minutes = shape_runs.split_budget(args.minutes)  # as `grassflow train`
 if args.tiny:  # a fixed number of steps, not a budget: the same run on any machine
     exp.flow = exp.flow.replace(iterations=20, batch_size=32, seed=args.seed)
     exp.gram = exp.gram.replace(iterations=20, batch_size=32, seed=args.seed)

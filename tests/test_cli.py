@@ -313,3 +313,33 @@ def test_version_is_the_installed_packages(capsys):
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"grassflow {grassflow.__version__}"
     assert version("grassflow") == grassflow.__version__
+
+
+def test_one_budget_vocabulary_and_the_old_spellings():
+    """`--minutes` is a run's total everywhere and `--session-minutes` one invocation's.
+    Catches: a command recorded in results/ (old spellings) that no longer parses the same, or
+    `--minutes` reaching the per-invocation budget (a rerun would then train again)."""
+    from grassflow.cli.options import apply_overrides
+    from grassflow.cli.run_commands import _shape_experiment
+    from grassflow.tasks import texture_runs as tx
+
+    parser = cli.build_parser()
+    for old, new in [
+        ("reproduce table2 --budget 3 --scale-budget 2", "reproduce table2 --minutes 3 "
+         "--scale-minutes 2"),
+        ("reproduce textures --budget-minutes-per-dataset 4", "reproduce textures --minutes 4"),
+        ("reproduce fm-vs-mle --budget-minutes-per-dataset 4", "reproduce fm-vs-mle --minutes 4"),
+        ("reproduce table1 --budget 2", "reproduce table1 --minutes 2"),
+        ("train --run-dir r --budget-minutes 1", "train --run-dir r --session-minutes 1"),
+    ]:  # fmt: skip
+        assert vars(parser.parse_args(old.split())) == vars(parser.parse_args(new.split()))
+    exp = apply_overrides(tx.DEMO, parser.parse_args(
+        "train --run-dir r --minutes 10 --session-minutes 1".split()))  # fmt: skip
+    assert (exp.train.total_budget_minutes, exp.train.budget_minutes) == (10.0, 1.0)
+    # reproduce textures: its --minutes is each dataset's run, set by reproduce itself
+    exp = apply_overrides(tx.DEMO, parser.parse_args("reproduce textures --minutes 4".split()))
+    assert exp.train.total_budget_minutes == tx.DEMO.train.total_budget_minutes
+    exp = _shape_experiment(parser.parse_args(
+        "train --run-dir r --data c.npy --minutes 10 --session-minutes 5".split()))  # fmt: skip
+    assert (exp.flow.total_budget_minutes, exp.gram.total_budget_minutes) == (7.0, 3.0)
+    assert (exp.flow.budget_minutes, exp.gram.budget_minutes) == (3.5, 1.5)

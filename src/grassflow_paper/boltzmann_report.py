@@ -1,10 +1,10 @@
 """Boltzmann-generator metrics of the vs-E-NF runs, ShapeFlow's and the baseline's alike.
 
-For a trained run on DW4 or LJ13 (:mod:`.vs_enf` or :mod:`.efm`): the energies of
+For a trained run on DW4 or LJ13 (`vs_enf` or `efm`): the energies of
 ``n_samples`` model samples against those of the test configurations (histogram and
 Wasserstein-1), and the Kish effective sample size of the importance weights
 ``exp(-U(x)) / q(x)`` of ``n_weighted`` samples with their exact log-density. U is the energy
-that generated the Klein et al. files (:mod:`grassflow.data.particles`: LJ pairs counted
+that generated the Klein et al. files (`grassflow.data.particles`: LJ pairs counted
 twice, ``results/lj_convention.md``) at temperature 1, and q the model's density on the
 CoM-free coordinates, on which ``exp(-U)`` is the Boltzmann density too (U is translation
 invariant). The same weights estimate log Z, hence ``boltzmann_test_nll``, the test NLL of
@@ -40,7 +40,7 @@ __all__ = ["evaluate", "load_any", "plot"]
 
 
 def load_any(run_dir: str | Path):
-    """``(exp, model, module)`` of a ShapeFlow (:mod:`.vs_enf`) or baseline (:mod:`.efm`) run."""
+    """``(exp, model, module)`` of a ShapeFlow (`vs_enf`) or baseline (`efm`) run."""
     preset = json.loads((Path(run_dir) / "experiment.json").read_text())
     module = efm if "coupling" in preset else vs_enf
     exp, model = module.load_run(run_dir)
@@ -101,7 +101,7 @@ def evaluate(run_dir: str | Path, n_samples: int = 10_000, n_weighted: int = 100
 def plot(system: str, runs: dict[str, str | Path], path: str | Path,
          limits: tuple[float, float] | None = None) -> Path:  # fmt: skip
     """Energy histograms of the samples of each run in ``runs`` (label -> run directory, each
-    evaluated by :func:`evaluate`) against the test configurations, in one PNG."""
+    evaluated by `evaluate`) against the test configurations, in one PNG."""
     energies, test = {}, None
     for label, run_dir in runs.items():
         saved = np.load(Path(run_dir) / "energies.npz")

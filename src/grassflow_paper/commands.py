@@ -10,6 +10,7 @@ from pathlib import Path
 from grassflow.cli.options import (
     OBJECTIVE_NAMES,
     PARTICLE_SYSTEMS,
+    add_minutes_option,
     add_particle_data_options,
     add_texture_preset,
     add_train_options,
@@ -32,7 +33,7 @@ def cmd_reproduce_textures(args) -> None:
     rows = fig.reproduce(
         args.out,
         args.runs,
-        budget_minutes=args.budget_minutes_per_dataset,
+        budget_minutes=args.minutes,
         datasets=tuple(args.datasets),
         base=base,
         progress=not args.no_progress,
@@ -47,7 +48,7 @@ def cmd_reproduce_fm_vs_mle(args) -> None:
     from . import fm_vs_mle
 
     result = fm_vs_mle.compare(
-        args.out, args.runs, tuple(args.datasets), args.budget_minutes_per_dataset,
+        args.out, args.runs, tuple(args.datasets), args.minutes,
         objectives=tuple(args.objectives), progress=not args.no_progress, force=args.force,
     )
     print(fm_vs_mle.markdown_table(result))
@@ -59,7 +60,7 @@ def cmd_reproduce_table1(args) -> None:
     sizes = None if args.sizes is None else {s: tuple(args.sizes) for s in args.system}
     result = table1.reproduce(
         args.out, args.runs, systems=tuple(args.system), protocols=tuple(args.protocol),
-        sizes=sizes, seeds=tuple(args.seeds), budget_minutes=args.budget,
+        sizes=sizes, seeds=tuple(args.seeds), budget_minutes=args.minutes,
         objective=args.objective, prior=args.prior, source=args.source, data_dir=args.data_dir,
         progress=not args.no_progress, force=args.force,
     )
@@ -72,7 +73,7 @@ def cmd_reproduce_table2(args) -> None:
 
     exp = qm9.QM9Experiment(
         objective=args.objective, prior=args.prior, potential=args.potential,
-        flow_minutes=args.budget, scale_minutes=args.scale_budget, cache_dir=args.cache_dir,
+        flow_minutes=args.minutes, scale_minutes=args.scale_minutes, cache_dir=args.cache_dir,
         gram=args.gram, gram_components=args.gram_components, layers=args.layers,
         n_val=args.n_val, val_every_minutes=args.val_every_minutes, n_test=args.n_test,
         atol=args.tol, rtol=args.tol,
@@ -113,7 +114,7 @@ def cmd_reproduce_vs_enf(args) -> None:
 
 def add_commands(sub) -> None:
     """Add ``reproduce`` and its experiments to ``sub`` (a
-    :class:`grassflow.cli.options.Subcommands`)."""
+    `grassflow.cli.options.Subcommands`)."""
     from grassflow.data.textures import TEXTURES
     from grassflow.flows import GRAMS, POTENTIALS
 
@@ -124,11 +125,11 @@ def add_commands(sub) -> None:
     p = rep.add_parser("textures", help="paper §5.1: five textures, Figures 3-4, NLL table")
     p.add_argument("--out", default="results/textures", help="figures and tables")
     p.add_argument("--runs", default="runs/textures", help="run directories (checkpoints)")
-    p.add_argument("--budget-minutes-per-dataset", type=float, default=10.0,
-                   help="training CPU minutes per dataset, in total over reruns")
+    add_minutes_option(p, 10.0, old=("--budget-minutes-per-dataset",),
+                       what="training CPU minutes of each dataset's run")
     p.add_argument("--datasets", nargs="+", default=list(TEXTURES), choices=TEXTURES)
     add_texture_preset(p)
-    add_train_options(p)
+    add_train_options(p, run_minutes=False)
     p.add_argument("--force", action="store_true",
                    help="retrain run directories that hold another preset or other data "
                         "(deletes them) instead of stopping with an error")
@@ -137,8 +138,8 @@ def add_commands(sub) -> None:
     p = rep.add_parser("fm-vs-mle", help="test NLL against training CPU time, MLE vs flow matching")
     p.add_argument("--out", default="results/fm_vs_mle")
     p.add_argument("--runs", default="runs/fm_vs_mle")
-    p.add_argument("--budget-minutes-per-dataset", type=float, default=10.0,
-                   help="training CPU minutes per objective and dataset, in total over reruns")
+    add_minutes_option(p, 10.0, old=("--budget-minutes-per-dataset",),
+                       what="training CPU minutes of each objective's and dataset's run")
     p.add_argument("--datasets", nargs="+", default=list(TEXTURES), choices=TEXTURES)
     p.add_argument("--objectives", nargs="+", default=["mle", "fm"], choices=OBJECTIVE_NAMES,
                    help="objectives to compare (MLE is always the reference)")
@@ -154,9 +155,7 @@ def add_commands(sub) -> None:
                    choices=("com-free", "paper"))
     p.add_argument("--sizes", nargs="+", type=int, help="training sizes (default: the paper's)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--budget", type=float, default=1.0,
-                   help="training CPU minutes per run, in total over reruns (a larger one "
-                        "continues)")
+    add_minutes_option(p, 1.0, old=("--budget",))
     p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
     p.add_argument("--prior", default="uniform", choices=("gaussian", "uniform"),
                    help="base distribution (the paper's is gaussian; see the README)")
@@ -186,11 +185,10 @@ def add_commands(sub) -> None:
                    help="score a seeded random N test molecules (default: all 1,813)")
     p.add_argument("--tol", type=float, default=1e-5,
                    help="ODE atol = rtol of the ShapeFlow's training and evaluation")
-    p.add_argument("--budget", type=float, default=5.0,
-                   help="GrCNF training CPU minutes, in total over reruns")
-    p.add_argument("--scale-budget", type=float, default=1.0,
-                   help="training CPU minutes of each of the Gram density and the "
-                        "decoder")  # fmt: skip
+    add_minutes_option(p, 5.0, old=("--budget",), what="the GrCNF's training CPU minutes")
+    add_minutes_option(p, 1.0, old=("--scale-budget",), dest="scale_minutes",
+                       flag="--scale-minutes", what="training CPU minutes of each of the Gram "
+                       "density and the decoder")  # fmt: skip
     p.add_argument("--cache-dir", default="data", help="where the processed QM9 split is cached")
     p.add_argument("--out", default="results/table2")
     p.add_argument("--summary", default="results",
@@ -209,9 +207,7 @@ def add_commands(sub) -> None:
                    help="qm9: --model equivariant-cnf only (ShapeFlow's QM9 rows: table2)")
     p.add_argument("--n-train", nargs="+", type=int, default=[1000], help="training sizes")
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
-    p.add_argument("--minutes", type=float, default=7.0,
-                   help="training CPU minutes per run, both parts, in total over reruns (a larger "
-                        "one continues the runs)")  # fmt: skip
+    add_minutes_option(p, 7.0, what="training CPU minutes of each run, both parts")
     p.add_argument("--model", default="shapeflow", choices=("shapeflow", "equivariant-cnf"),
                    help="ours, or the equivariant flow-matching baseline (EFM; "
                         "grassflow.baselines.EquivariantCNF)")  # fmt: skip

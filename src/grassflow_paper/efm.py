@@ -1,6 +1,6 @@
-"""The equivariant flow-matching baseline (:class:`~grassflow.baselines.EquivariantCNF`) on
+"""The equivariant flow-matching baseline (`EquivariantCNF`) on
 the vs-E-NF protocol: same files, splits, CPU budgets and evaluation as the ShapeFlow runs
-of :mod:`.vs_enf`, so their rows sit side by side in ``results/vs_enf.json``.
+of `vs_enf`, so their rows sit side by side in ``results/vs_enf.json``.
 
 * Budget: ``minutes`` of training CPU time (validation apart), like ShapeFlow's total.
 * Training in ``dtype`` and evaluation in ``eval_dtype`` (float32 by default: about two
@@ -56,7 +56,7 @@ class EFMExperiment:
 
     Attributes:
         system (``"dw4"``, ``"lj13"``, ``"qm9"``), n_train, seed: as
-            :class:`.vs_enf.ENFExperiment`; QM9 is E-NF's positional split (its 13,832 training
+            `vs_enf.ENFExperiment`; QM9 is E-NF's positional split (its 13,832 training
             molecules at most, validation on ``valid``, the 1,813 test molecules).
         minutes: training CPU minutes (validation apart).
         tol: atol = rtol of validation and of the test NLL.
@@ -66,7 +66,7 @@ class EFMExperiment:
         n_val: validation configurations (exact NLL after ``val_doubling_from`` x 1, 2, 4,
             ... iterations, every ``val_every_minutes`` and at the end; None: not then).
         data_dir: the Klein files' folder (None: the shared one), or for QM9 the cache of
-            :func:`grassflow.data.qm9.load_qm9_positional` (None: ``data``).
+            `grassflow.data.qm9.load_qm9_positional` (None: ``data``).
         chunk_size: configurations per ODE solve of the exact NLL (small chunks keep the
             (n - 1) d forward-mode products in cache).
         eval_dtype: of validation and the test NLL. float32 costs a third of float64's CPU
@@ -147,7 +147,7 @@ def build_model(exp: EFMExperiment) -> EquivariantCNF:
 
 
 def load_splits(system: str, n_train: int, data_dir: str | None = None) -> dict:
-    """``{"train", "val", "test"}`` clouds ``(N, n, d)`` float64: :func:`.vs_enf.load_enf_splits`
+    """``{"train", "val", "test"}`` clouds ``(N, n, d)`` float64: `vs_enf.load_enf_splits`
     for DW4 and LJ13; for QM9 the first ``n_train`` training molecules of E-NF's split, its
     validation and its 1,813 test molecules (centred)."""
     if system != "qm9":
@@ -193,7 +193,7 @@ def sample(run_dir: str | Path, n: int, seed: int = 0) -> np.ndarray:
 def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
     """Exact test NLL (nats per configuration, with SEM) of the best checkpoint, the same on
     the novel test configurations, training and evaluation minutes and the parameter count,
-    as :func:`.vs_enf.evaluate` gives for ShapeFlow. Writes ``eval.json``; an existing one is
+    as `vs_enf.evaluate` gives for ShapeFlow. Writes ``eval.json``; an existing one is
     returned if it evaluated the run as it stands on the same test set."""
     run_dir = Path(run_dir)
     exp = read_preset(run_dir, EFMExperiment.from_dict, "vs-enf")

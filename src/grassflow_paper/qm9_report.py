@@ -103,10 +103,10 @@ def reproduce(
     """Train (or continue), evaluate, and write ``table2.{json,md}``, ``distances.png``,
     ``figure5.png`` (the exact model's samples) and ``samples.xyz`` (10 generated molecules)
     to ``out_dir``; with ``summary_dir``, also merge the exact model's row into
-    ``summary_dir/vs_enf.json`` and its QM9 table (:func:`.vs_enf.merge_rows`).
+    ``summary_dir/vs_enf.json`` and its QM9 table (`vs_enf.merge_rows`).
 
     ``force`` retrains a ``run_dir`` that holds another preset or split (see
-    :func:`.qm9.run`)."""
+    `qm9.run`)."""
     exp = QM9Experiment() if exp is None else exp
     run(exp, run_dir, progress=progress, force=force)
     if not dd.is_main():  # training is data-parallel under torchrun; evaluation is rank 0's

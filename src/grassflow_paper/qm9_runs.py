@@ -2,19 +2,19 @@
 
 A molecule is a centred cloud ``X: (19, 3)`` (Å); in the Helmert basis H of 1-perp it is
 ``P = H^T X: (18, 3) = Y B`` with [Y] in Gr(3, 18) and the in-span Gram matrix ``S = B B^T``
-(:func:`grassflow.manifolds.shape_space.shape_factor`). Two models share one GrCNF on
+(`grassflow.manifolds.shape_space.shape_factor`). Two models share one GrCNF on
 Gr(3, 18) for [Y] (flow matching by default, or maximum likelihood):
 
-* exact model: a :class:`~grassflow.flows.ShapeFlow` ``(19, 3)``, the GrCNF (its ``flow``;
+* exact model: a `ShapeFlow` ``(19, 3)``, the GrCNF (its ``flow``;
   potential ``"mlp"``, the paper's, by default, or ``"graph"``, invariant to relabelling the
-  atoms) and a :class:`~grassflow.nn.gram.WishartGram` for S given Y (its ``gram``), trained
-  in two stages as :mod:`.shapes` trains users' clouds (:func:`.shapes.train_shape_flow`).
+  atoms) and a `WishartGram` for S given Y (its ``gram``), trained
+  in two stages as `shapes` trains users' clouds (`shapes.train_shape_flow`).
   It is an exact, O(3)-invariant density on the 54-dimensional centred coordinates
-  (:meth:`ShapeFlow.log_prob`), on the same space as E-NF's;
-* the paper's model: the scale estimator as a :class:`~grassflow.nn.scale.GramDecoder`,
+  (`ShapeFlow.log_prob`), on the same space as E-NF's;
+* the paper's model: the scale estimator as a `GramDecoder`,
   S' = Y'^T P P^T Y' given a representative Y' = Y Q whose orientation Q is latent (Haar
   prior and posterior), trained on the -ELBO of the paper's appendix
-  (:func:`~grassflow.distributions.cartesian.cartesian_elbo`). The flow is the ShapeFlow's:
+  (`cartesian_elbo`). The flow is the ShapeFlow's:
   the GrCNF term of the ELBO does not depend on Q. Besides the -ELBO we report an
   importance-weighted estimate of the same model's NLL.
 
@@ -93,10 +93,10 @@ class QM9Experiment:
         potential: the GrCNF's, ``"mlp"`` (the paper's HorP + ConcatSquash MLP),
             ``"graph"`` (message passing on the atoms, invariant to relabelling them) or
             ``"egnn"`` (an EGNN's velocity on the span's whitened points; see
-            :class:`~grassflow.flows.ShapeFlow`).
+            `ShapeFlow`).
         hidden: the MLP's widths (paper: 32-32-32).
         graph_hidden, layers: the graph potential's or the EGNN's width and layers (None:
-            :data:`~grassflow.flows.DEFAULT_LAYERS`).
+            `DEFAULT_LAYERS`).
         gram, gram_components: the ShapeFlow's density of S given the span, ``"wishart"``
             or ``"distance"`` (log-normal pair distances), and its mixture components.
         chunk_size: molecules per exact-divergence ODE solve of the ShapeFlow's
@@ -228,9 +228,9 @@ def run(
     exp: QM9Experiment, run_dir: str | Path, *, progress: bool = True, force: bool = False
 ) -> None:
     """Train (or continue) the models of ``exp`` in ``run_dir``: the ShapeFlow's flow and
-    Gram density (:func:`.shapes.train_shape_flow`), then the paper's decoder.
+    Gram density (`shapes.train_shape_flow`), then the paper's decoder.
 
-    ``run_dir`` must be new or hold the same preset and split (:func:`.runs.claim_run_dir`;
+    ``run_dir`` must be new or hold the same preset and split (`runs.claim_run_dir`;
     ``flow_minutes`` and ``scale_minutes`` may grow); ``force`` deletes a mismatched one.
     """
     run_dir = Path(run_dir)
@@ -265,7 +265,7 @@ def load_run(run_dir: str | Path) -> tuple[QM9Experiment, QM9Models]:
 def sample_molecules(m: QM9Models, n: int, seed: int = 0, model: str = "exact") -> Tensor:
     """``n`` generated centred molecules ``(n, 19, 3)`` (Å), float64.
 
-    ``model="exact"``: :meth:`ShapeFlow.sample` (in a Haar-random overall orientation).
+    ``model="exact"``: `ShapeFlow.sample` (in a Haar-random overall orientation).
     ``model="paper"``: [Y] from the flow, a Haar representative Y' = Y Q and S' from the
     decoder at Y' (P = Y' chol(S'); the overall rotation is I).
     """
@@ -288,12 +288,12 @@ def _status(run_dir: Path) -> dict:
 
 
 def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) -> dict:
-    """Test NLL of the exact model (-:meth:`ShapeFlow.log_prob`, with its parts), -ELBO and
+    """Test NLL of the exact model (-`ShapeFlow.log_prob`, with its parts), -ELBO and
     IWAE NLL of the paper's (nats per molecule, 54-D centred coordinates), and the distance
     JSD of both models' samples. ``batch_size``: molecules per -ELBO / IWAE batch.
 
     ``given_spans_*``: the JSD and broken fraction of molecules built from the test
-    molecules' own spans with S from the Gram density (:meth:`ShapeFlow.sample_given`), so
+    molecules' own spans with S from the Gram density (`ShapeFlow.sample_given`), so
     the Gram density's share of the samples' errors shows.
 
     ``mean_log_jacobian`` is the mean log-Jacobian of the change of variables to (Y, S, R),

@@ -77,7 +77,7 @@ def reproduce(
     """Run (or resume) the sweep and write the table, JSON and figure to ``out_dir``.
 
     Args:
-        sizes: training sizes per system; default the paper's (:data:`particles.SIZES`).
+        sizes: training sizes per system; default the paper's (`particles.SIZES`).
         budget_minutes: training CPU minutes per run, in total over invocations (the paper's
             epochs may stop it earlier). A rerun with the same budget trains no further; a
             larger one continues every run.

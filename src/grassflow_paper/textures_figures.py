@@ -83,7 +83,7 @@ def reproduce(
 
 
 def markdown_table(rows: list[dict], budget_minutes: float) -> str:
-    """The README table for :func:`reproduce`."""
+    """The README table for `reproduce`."""
     lines = [
         f"Training budget: {budget_minutes:g} CPU minutes per dataset (2 cores); the minutes "
         "column is what each run trained. "

@@ -1,10 +1,10 @@
 """Like-for-like with E-NF (issue 14): exact Cartesian test NLL on DW4 and LJ13.
 
-Same data, space and CPU budget as the anchors (:data:`ANCHORS`): the Klein et al. files in
-``../shared/data/alt_klein2023_from_DEM/`` split as :data:`ENF_SPLITS`; densities w.r.t.
+Same data, space and CPU budget as the anchors (`ANCHORS`): the Klein et al. files in
+``../shared/data/alt_klein2023_from_DEM/`` split as `ENF_SPLITS`; densities w.r.t.
 Lebesgue measure on the (n - 1) d CoM-free (Helmert) coordinates, nats per configuration. A
-run trains a :class:`~grassflow.flows.ShapeFlow` in two resumable stages
-(:func:`.shapes.train_shape_flow`): the GrCNF on Gr(d, n - 1), then the Gram density.
+run trains a `ShapeFlow` in two resumable stages
+(`shapes.train_shape_flow`): the GrCNF on Gr(d, n - 1), then the Gram density.
 
 * Budget: ``minutes`` is the total training CPU time of both parts (validation apart);
   the Gram density gets ``min(gram_max_minutes, gram_fraction minutes)`` (default
@@ -12,7 +12,7 @@ run trains a :class:`~grassflow.flows.ShapeFlow` in two resumable stages
   ``minutes``, so a larger budget continues the run and the same one trains nothing more.
 * Tolerance: one ``tol`` (atol = rtol; default 1e-4, E-NF's) for the validation that selects
   checkpoints and for the test NLL; ``eval.json`` records it.
-* Threads: :func:`sweep` runs on torch's current thread count (the CLI's ``--threads``,
+* Threads: `sweep` runs on torch's current thread count (the CLI's ``--threads``,
   default 1, like the anchors), recorded in every row.
 
 Run directories ``<runs_dir>/<system>-<potential>-<objective>-n<n_train>-s<seed>`` hold
@@ -97,7 +97,7 @@ _EFM_NOTE = ("these files; GPU; published value (as issue 21 quotes it) + ((n-1)
 # (model, training minutes, test NLL, note). E-NF: vgsatorras/en_flows' default settings
 # trained on this kind of machine, one CPU thread, on the Klein files, evaluated at
 # atol = rtol = 1e-4. "E-NF (paper)": Garcia Satorras et al. 2021, its own data. "EFM
-# (paper)": Klein, Krämer & Noé 2023, the model the baseline (:mod:`.efm`) reimplements.
+# (paper)": Klein, Krämer & Noé 2023, the model the baseline (`efm`) reimplements.
 # Midgley et al. 2023 (SE(3) augmented coupling flows): GPU, E-NF's data, 3 seeds.
 ANCHORS = {
     "dw4": [("E-NF", 7, 7.92, "1 CPU thread, same split, atol = rtol = 1e-4"),
@@ -136,13 +136,13 @@ def data_dir_of(data_dir: str | Path | None) -> Path:
 def load_enf_splits(
     system: str, n_train: int, data_dir: str | Path | None = None, dedup: bool = True
 ) -> dict:
-    """``{"train", "val", "test"}``: clouds ``(N, n, d)`` float64 as :data:`ENF_SPLITS` takes
+    """``{"train", "val", "test"}``: clouds ``(N, n, d)`` float64 as `ENF_SPLITS` takes
     them from the files in ``data_dir`` (default ``../shared/data/alt_klein2023_from_DEM``).
 
     ``dedup``: the training clouds are the distinct rows of the first ``n_train`` (first
     occurrences, in order). DW4's training file repeats rows (30,091 distinct in 100,000), so
     ``len(out["train"])`` can be far below ``n_train``. Validation and test rows are kept as
-    the anchors use them; see :func:`evaluate` for the test rows seen in training."""
+    the anchors use them; see `evaluate` for the test rows seen in training."""
     if system not in ENF_SPLITS:
         raise ValueError(f"system must be one of {tuple(ENF_SPLITS)}, got {system!r}")
     if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
@@ -190,9 +190,9 @@ class ENFExperiment:
         system (``"dw4"``, ``"lj13"``), n_train (first rows of the train file), seed (initial
             weights and data order); potential: ``"graph"`` or ``"mlp"`` (the paper's);
             objective: the GrCNF's, ``"fm"``, ``"fm-ot"`` or ``"mle"``.
-        minutes: total training CPU minutes of both parts (split: :meth:`budgets`).
+        minutes: total training CPU minutes of both parts (split: `budgets`).
         tol: the ODE's atol = rtol, of validation and of the test NLL.
-        hidden, layers, gram, gram_hidden, gram_layers, chunk_size: see :class:`ShapeFlow`.
+        hidden, layers, gram, gram_hidden, gram_layers, chunk_size: see `ShapeFlow`.
         lr, batch_size: the flow's Adam (the Gram density's: 1e-3, 128).
         n_val_flow: validation configurations of the flow's exact NLL (the Gram uses all);
             it runs every ``val_every_minutes`` and at iterations 100, 200, 400, ...
@@ -289,7 +289,7 @@ class ENFExperiment:
 
 
 def build_model(exp: ENFExperiment) -> ShapeFlow:
-    """The untrained :class:`ShapeFlow` of ``exp`` (weights seeded by ``exp.seed``), float64."""
+    """The untrained `ShapeFlow` of ``exp`` (weights seeded by ``exp.seed``), float64."""
     with seeded_init(exp.seed):
         return ShapeFlow(
             *SHAPES[exp.system], exp.potential, exp.gram,
@@ -302,8 +302,8 @@ def build_model(exp: ENFExperiment) -> ShapeFlow:
 
 def run(exp: ENFExperiment, run_dir: str | Path, *, force: bool = False, progress: bool = True,
         data: dict | None = None) -> None:  # fmt: skip
-    """Train (or continue) ``exp`` in ``run_dir`` on ``data`` (default its :data:`ENF_SPLITS`).
-    A directory holding another run raises :class:`.runs.RunMismatch` (``force``: retrain)."""
+    """Train (or continue) ``exp`` in ``run_dir`` on ``data`` (default its `ENF_SPLITS`).
+    A directory holding another run raises `runs.RunMismatch` (``force``: retrain)."""
     data = load_enf_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
     identity = {"protocol": "vs_enf.ENF_SPLITS", "path": str(data_dir_of(exp.data_dir).resolve()),
                 **data_identity(**{s: data[s] for s in ("train", "val", "test")})}  # fmt: skip
@@ -390,7 +390,7 @@ def sweep(
 ) -> list[dict]:  # fmt: skip
     """Train (or continue) and evaluate every (system, n_train, seed) run of ``base`` (its
     potential, objective, widths, tolerance) at ``minutes``, on the current torch threads
-    (``n_test``: on :func:`test_subset` rows only; default all). Merge the rows, the
+    (``n_test``: on `test_subset` rows only; default all). Merge the rows, the
     isotropic Gaussian's and the anchors into ``out_dir/vs_enf.json``
     (key: system, model, n_train, budget, seed; rows of other systems, e.g. QM9, are kept)
     and write ``out_dir/vs_enf/<system>.md``. Returns this invocation's rows."""
@@ -453,18 +453,18 @@ def _anchor_rows() -> list[dict]:
 
 
 def qm9_model(exp) -> str:
-    """The ``model`` name of a :class:`~.qm9.QM9Experiment`'s exact ShapeFlow rows."""
+    """The ``model`` name of a `QM9Experiment`'s exact ShapeFlow rows."""
     prior = "" if exp.prior == "uniform" else f"-{exp.prior}"
     gram = "" if exp.gram == "wishart" else f"-distgram{exp.gram_components}"
     return f"grassflow-{exp.potential}-{exp.objective}{prior}{gram}"
 
 
 def table2_command(exp) -> str:
-    """The ``grassflow reproduce table2`` command line of a :class:`~.qm9.QM9Experiment`
+    """The ``grassflow reproduce table2`` command line of a `QM9Experiment`
     (options at their defaults are left out)."""
     cmd = (f"grassflow reproduce table2 --objective {exp.objective} --prior {exp.prior} "
-           f"--potential {exp.potential} --budget {exp.flow_minutes:g} "
-           f"--scale-budget {exp.scale_minutes:g}")  # fmt: skip
+           f"--potential {exp.potential} --minutes {exp.flow_minutes:g} "
+           f"--scale-minutes {exp.scale_minutes:g}")  # fmt: skip
     default = QM9Experiment(potential=exp.potential)
     for name in ("gram", "gram_components", "layers", "n_val", "val_every_minutes", "n_test"):
         if getattr(exp, name) != getattr(default, name):
@@ -475,8 +475,8 @@ def table2_command(exp) -> str:
 
 
 def qm9_row(result: dict, exp) -> dict:
-    """A ``vs_enf.json`` row of a QM9 run's evaluation (:func:`.qm9.evaluate`) of
-    ``exp`` (its :class:`~.qm9.QM9Experiment`): the exact ShapeFlow's test NLL, distance
+    """A ``vs_enf.json`` row of a QM9 run's evaluation (`qm9.evaluate`) of
+    ``exp`` (its `QM9Experiment`): the exact ShapeFlow's test NLL, distance
     JSD and broken fraction; budget and minutes are the flow's plus the Gram density's."""
     return {
         "system": "qm9", "model": qm9_model(exp),

@@ -1,8 +1,8 @@
-"""Pictures of the shape-model comparison (:mod:`.vs_enf`, :mod:`.efm`): learning curves.
+"""Pictures of the shape-model comparison (`vs_enf`, `efm`): learning curves.
 
-* :func:`plot_validation_curves`: each run's exact validation NLL against its training CPU
+* `plot_validation_curves`: each run's exact validation NLL against its training CPU
   minutes (log axis), from the runs' ``metrics.jsonl``;
-* :func:`plot_test_nll`: the test NLL of each model against its CPU budget, mean over seeds
+* `plot_test_nll`: the test NLL of each model against its CPU budget, mean over seeds
   with the seed SE, from the rows of ``results/vs_enf.json``, beside the anchors.
 """
 

@@ -1,9 +1,9 @@
 """Command line: ``grassflow {demo,train,eval,sample,plot,data}``, and the command groups that
-installed packages add through the entry-point group :data:`ENTRY_POINTS` (``reproduce``, from
+installed packages add through the entry-point group `ENTRY_POINTS` (``reproduce``, from
 the paper's reproduction package ``grassflow_paper``).
 
-Each group lives in its own module (:mod:`.run_commands`, :mod:`.data_commands`) with an
-``add_commands(sub)`` that adds its parsers to the :class:`.options.Subcommands` ``sub``.
+Each group lives in its own module (`run_commands`, `data_commands`) with an
+``add_commands(sub)`` that adds its parsers to the `options.Subcommands` ``sub``.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _report(args, what: str, err: BaseException) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit code.
 
-    0: done. 2: a user error (:data:`USER_ERRORS`: bad arguments, missing or existing files,
+    0: done. 2: a user error (`USER_ERRORS`: bad arguments, missing or existing files,
     invalid values), reported in one line. 3: training diverged. Other exceptions propagate
     with their traceback. Under torchrun the process group is left in every case.
     """

@@ -39,7 +39,7 @@ DATA_SIZES = {"dw4": 102_000, "lj13": 12_000}
 
 
 def add_commands(sub) -> None:
-    """Add ``data make`` and ``data compare`` to ``sub`` (an :class:`.options.Subcommands`)."""
+    """Add ``data make`` and ``data compare`` to ``sub`` (an `options.Subcommands`)."""
     data = sub.add_subparsers(
         sub.add_parser("data", help="make or check DW4/LJ13 datasets"),
         dest="data_command", required=True,

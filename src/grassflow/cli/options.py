@@ -7,7 +7,8 @@ import dataclasses
 
 __all__ = [
     "DEBUG_ENV", "MODEL_FIELDS", "OBJECTIVE_NAMES", "PARTICLE_SYSTEMS", "Subcommands",
-    "add_particle_data_options", "add_texture_preset", "add_train_options", "apply_overrides",
+    "add_minutes_option", "add_particle_data_options", "add_texture_preset", "add_train_options",
+    "apply_overrides",
     "debug_option", "threads_option",
 ]  # fmt: skip
 
@@ -24,13 +25,32 @@ def add_particle_data_options(g) -> None:
     g.add_argument("--data-dir", default="data", help="directory holding the source's files")
 
 
-def add_train_options(p: argparse.ArgumentParser) -> None:
+def add_minutes_option(
+    p, default: float | None = None, old: tuple[str, ...] = (), dest: str = "minutes",
+    flag: str = "--minutes", what: str = "training CPU minutes of the run",
+) -> None:
+    """The budget option (``--minutes``): a run's training budget in total over invocations,
+    so that a larger value continues the run. ``old`` spellings stay as hidden aliases."""
+    p.add_argument(flag, dest=dest, type=float, default=default,
+                   help=f"{what}, in total over reruns (a larger value continues the run; "
+                        "--clock wall: wall-clock minutes); validation and evaluation are not "
+                        "charged to it")  # fmt: skip
+    for name in old:  # first the option above, so that its default wins
+        p.add_argument(name, dest=dest, type=float, help=argparse.SUPPRESS)
+
+
+def add_train_options(p: argparse.ArgumentParser, run_minutes: bool = True) -> None:
+    """Overrides of a preset's training; ``run_minutes``: with ``--minutes`` (commands whose
+    own ``--minutes`` means something else pass False)."""
     g = p.add_argument_group("overrides of the preset (paper values by default)")
+    p.set_defaults(run_minutes=run_minutes)
+    if run_minutes:
+        add_minutes_option(g, what="training CPU minutes of the run (with --data: both parts; "
+                                   "the Gram density gets 30%% of it, at most 3 min)")
     g.add_argument(
-        "--budget-minutes", type=float,
-        help="training budget of this invocation, in CPU minutes of this process (--clock "
-             "wall: wall-clock minutes); validation and evaluation are not charged to it. With "
-             "--data it covers both parts: the Gram density gets 30%% of it, at most 3 min",
+        "--session-minutes", "--budget-minutes", dest="session_minutes", type=float,
+        help="at most this many training CPU minutes in this invocation (--budget-minutes: "
+             "its former name)",
     )
     g.add_argument("--clock", choices=("cpu", "wall"),
                    help="what budgets count: CPU time (default; the same on a busy machine) or "
@@ -70,8 +90,10 @@ MODEL_FIELDS = ("objective", "divergence", "method", "atol", "rtol", "sigma")
 
 
 def apply_overrides(exp, args):
+    """``exp`` with the preset overrides of `add_train_options` that ``args`` set."""
     train_fields = {
-        "budget_minutes": args.budget_minutes,
+        "total_budget_minutes": args.minutes if args.run_minutes else None,
+        "budget_minutes": args.session_minutes,
         "clock": args.clock,
         "iterations": args.iterations,
         "batch_size": args.batch_size,

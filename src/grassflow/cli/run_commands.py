@@ -28,7 +28,7 @@ def cmd_demo(args) -> None:
     if resume:
         print(f"resuming the demo run in {out} (delete it to start over)")
     print(f"method: GrCNF, {tx.describe(exp)}")
-    budget = exp.train.budget_minutes
+    budget = exp.train.budget_minutes or exp.train.total_budget_minutes
     limit = "" if budget is None else f" or {budget:g} {exp.train.clock} min, whichever first"
     print(f"training GrCNF on '{exp.dataset}' (Gr(1,3)) for {exp.train.iterations:,} iterations"
           f"{limit}, {torch.get_num_threads()} thread(s); run directory {out}")
@@ -54,14 +54,17 @@ def _particle_experiment(args):
 def _shape_experiment(args):
     from ..tasks import shape_runs as shapes
 
-    flow_minutes = gram_minutes = None
-    if args.budget_minutes is not None and args.model == "equivariant-cnf":
-        flow_minutes = args.budget_minutes  # one model: the whole budget
-    elif args.budget_minutes is not None:  # the budget covers both parts
-        flow_minutes, gram_minutes = shapes.split_budget(args.budget_minutes)
-    flow = {"budget_minutes": flow_minutes, "iterations": args.iterations, "clock": args.clock,
-            "batch_size": args.batch_size, "lr": args.lr, "grad_clip": args.grad_clip,
-            "seed": args.seed, "device": args.device}  # fmt: skip
+    def split(minutes):  # the budget covers both parts (the baseline: one model)
+        if minutes is None or args.model == "equivariant-cnf":
+            return minutes, None
+        return shapes.split_budget(minutes)
+
+    (flow_total, gram_total) = split(args.minutes)
+    (flow_minutes, gram_minutes) = split(args.session_minutes)
+    flow = {"total_budget_minutes": flow_total, "budget_minutes": flow_minutes,
+            "iterations": args.iterations, "clock": args.clock, "batch_size": args.batch_size,
+            "lr": args.lr, "grad_clip": args.grad_clip, "seed": args.seed,
+            "device": args.device}  # fmt: skip
     exp = shapes.ShapeExperiment(data=args.data, key=args.key, model=args.model,
                                  potential=args.potential, gram_density=args.gram,
                                  gram_components=args.gram_components,
@@ -70,8 +73,9 @@ def _shape_experiment(args):
     changes = {k: getattr(args, k) for k in ("atol", "rtol") if getattr(args, k) is not None}
     exp = dataclasses.replace(exp, **changes)
     exp.flow = exp.flow.replace(**{k: v for k, v in flow.items() if v is not None})
-    gram = {"iterations": args.gram_iterations, "budget_minutes": gram_minutes,
-            "clock": args.clock, "seed": args.seed, "device": args.device}  # fmt: skip
+    gram = {"iterations": args.gram_iterations, "total_budget_minutes": gram_total,
+            "budget_minutes": gram_minutes, "clock": args.clock, "seed": args.seed,
+            "device": args.device}  # fmt: skip
     exp.gram = exp.gram.replace(**{k: v for k, v in gram.items() if v is not None})
     return exp
 
@@ -137,7 +141,7 @@ def cmd_plot(args) -> None:
 
 
 def add_commands(sub) -> None:
-    """Add demo, train, eval, sample and plot to ``sub`` (an :class:`.options.Subcommands`)."""
+    """Add demo, train, eval, sample and plot to ``sub`` (an `options.Subcommands`)."""
     from ..data.textures import TEXTURES
     from ..flows import GRAMS, POTENTIALS
 

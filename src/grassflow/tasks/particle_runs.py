@@ -1,6 +1,6 @@
 """Paper §5.2: DW4 and LJ13 on Gr(k, D): preset, data, training and test NLL of one run.
 
-The sweep over training sizes and seeds (the paper's Table 1) is in :mod:`.table1`.
+The sweep over training sizes and seeds (the paper's Table 1) is in `table1`.
 
 Two representations (``protocol``):
 
@@ -103,17 +103,17 @@ class ParticleExperiment:
         protocol: ``"com-free"`` (default) or ``"paper"``; see the module docstring.
         n_train: training configurations (the first ``n_train`` of the protocol's pool).
         source: data layout, ``"generated"`` (``grassflow data make``), ``"klein"`` or
-            ``"enf"``; see :mod:`grassflow.data.particle_files`.
+            ``"enf"``; see `grassflow.data.particle_files`.
         data_dir: directory holding the source's files.
         hidden: ConcatSquash widths; None = the paper's preset for the system.
         prior: ``"gaussian"`` (the paper's matrix Gaussian) or ``"uniform"``.
         sigma: Gaussian prior ``M = I_{D,k}``, ``U = sigma^2 I_D``, ``V = sigma^2 I_k`` (paper:
             0.3).
-        T, train_T, divergence, method, atol, rtol: see :class:`GrCNF`. The paper uses the
+        T, train_T, divergence, method, atol, rtol: see `GrCNF`. The paper uses the
             adjoint method; here gradients go straight through the Cayley RKMK solver
             (same gradient, more memory, which a 2-core CPU run does not miss).
         objective: ``"mle"`` (the paper), ``"fm"`` or ``"fm-ot"`` (flow matching).
-        train: optimizer and schedule; None = :func:`paper_train_config`.
+        train: optimizer and schedule; None = `paper_train_config`.
     """
 
     system: str = "dw4"
@@ -205,9 +205,9 @@ def run(
     data: dict | None = None,
     force: bool = False,
 ) -> TrainResult:
-    """Train (or resume) one run in ``run_dir``; ``data`` defaults to :func:`load_data`.
+    """Train (or resume) one run in ``run_dir``; ``data`` defaults to `load_data`.
 
-    ``run_dir`` must be new or hold the same preset and data (:func:`.runs.claim_run_dir`);
+    ``run_dir`` must be new or hold the same preset and data (`runs.claim_run_dir`);
     ``force`` deletes a mismatched one instead of raising.
     """
     data = load_data(exp) if data is None else data

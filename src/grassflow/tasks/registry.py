@@ -1,12 +1,12 @@
 """Kinds of run directory, and what ``grassflow eval``, ``sample`` and ``plot`` do with each.
 
-Every run directory's ``experiment.json`` names its kind (:data:`.run_dir.KIND_KEY`). A kind
-is a module that defines ``RUN_KIND``, a :class:`RunKind`. The library's kinds are below;
-other packages add theirs through the entry-point group :data:`ENTRY_POINTS` (name: the
+Every run directory's ``experiment.json`` names its kind (`run_dir.KIND_KEY`). A kind
+is a module that defines ``RUN_KIND``, a `RunKind`. The library's kinds are below;
+other packages add theirs through the entry-point group `ENTRY_POINTS` (name: the
 kind, value: the module), so that the library never imports them. The paper's reproduction
 package (``grassflow_paper``) adds ``vs-enf``, ``efm`` and ``qm9`` this way.
 
-Runs made before kinds existed have none; :func:`legacy_kind` tells them by their preset's
+Runs made before kinds existed have none; `legacy_kind` tells them by their preset's
 fields, as the CLI always did.
 """
 
@@ -74,7 +74,7 @@ def kind_of(run_dir: str | Path) -> str:
 
 
 def get(kind: str) -> RunKind:
-    """The :class:`RunKind` of ``kind``; a ``ValueError`` names the known kinds."""
+    """The `RunKind` of ``kind``; a ``ValueError`` names the known kinds."""
     known = kinds()
     if kind not in known:
         raise ValueError(

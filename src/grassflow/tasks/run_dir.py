@@ -1,7 +1,7 @@
 """Run directories: identity, the saved preset and its kind, progress.
 
-A run directory is one training run. :func:`claim_run_dir` makes sure it stays one: it keeps
-the resolved preset with the run's kind (``experiment.json``, see :mod:`.registry`) and the
+A run directory is one training run. `claim_run_dir` makes sure it stays one: it keeps
+the resolved preset with the run's kind (``experiment.json``, see `registry`) and the
 identity of the data it trained on
 (``data.json``: a content hash), and a later invocation may reuse or continue the run only
 if both match. The run's length (total budget, iterations) may differ only upwards, which
@@ -100,8 +100,8 @@ def claim_run_dir(
     Args:
         run_dir: the run directory.
         preset: the resolved preset, JSON-able (e.g. ``exp.to_dict()``).
-        data: the data's identity: source, path and :func:`data_identity` hashes.
-        kind: the run's kind (:mod:`.registry`); a directory from before kinds takes it.
+        data: the data's identity: source, path and `data_identity` hashes.
+        kind: the run's kind (`registry`); a directory from before kinds takes it.
         added: preset fields added after runs were made, with the value those runs had
             without saying so (a saved preset that lacks them matches that value).
         budget_keys: fields that may only grow.
@@ -197,7 +197,7 @@ def load_trained(
 
 TIMING_KEYS = ("cpu_minutes", "wall_minutes", "val_cpu_minutes", "val_wall_minutes", "clock",
                "threads")  # fmt: skip
-"""The keys of :func:`training_status` that results rows copy: how long, on what."""
+"""The keys of `training_status` that results rows copy: how long, on what."""
 
 
 def training_status(run_dir: str | Path) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Users' own point clouds: train, evaluate, sample and plot a :class:`ShapeFlow` (or the
-equivariant flow-matching baseline, :class:`~grassflow.baselines.EquivariantCNF`).
+"""Users' own point clouds: train, evaluate, sample and plot a `ShapeFlow` (or the
+equivariant flow-matching baseline, `EquivariantCNF`).
 
 ``grassflow train --data shapes.npy`` (or ``.npz``, or a folder of ``.xyz`` files) lands here.
 The clouds are split at random (seeded) into train / val / test. For a ShapeFlow two models are
@@ -7,7 +7,7 @@ trained, in ``run_dir/flow`` and ``run_dir/gram``: the GrCNF on Gr(d, n - 1) for
 spans (flow matching by default, or maximum likelihood), then the Gram density by maximum
 likelihood. The Cartesian NLL is their sum plus a term of the data alone, so each part's
 validation NLL picks its checkpoint as the whole one would. The two-stage training is
-:func:`grassflow.training.train_shape_flow`. The baseline (``model="equivariant-cnf"``) is
+`grassflow.training.train_shape_flow`. The baseline (``model="equivariant-cnf"``) is
 one flow, trained by flow matching in ``run_dir/flow`` on the whole budget.
 
 A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``gram/``, ``eval.json``,
@@ -88,15 +88,15 @@ class ShapeExperiment:
 
     Attributes:
         data: a ``.npy`` array (N, n, d), an ``.npz`` (array ``key``), or a folder or file of
-            ``.xyz`` frames (see :func:`grassflow.data.point_clouds.load_point_clouds`).
+            ``.xyz`` frames (see `grassflow.data.point_clouds.load_point_clouds`).
         key: the ``.npz`` array's name.
         model: ``"shapeflow"`` (ours) or ``"equivariant-cnf"`` (the EFM baseline, trained by
             flow matching with ``coupling``; ``hidden`` and ``layers`` are its EGNN's,
             default 32 and 3, and ``flow`` its training).
         potential: ShapeFlow's Grassmann field: ``"egnn"`` (default; an EGNN's velocity on
             the span's whitened points), ``"graph"`` (the gradient of a permutation-invariant
-            potential) or ``"mlp"`` (the paper's) (see :class:`ShapeFlow`).
-        hidden, layers: the field's widths (see :class:`ShapeFlow`; layers default 3 for an
+            potential) or ``"mlp"`` (the paper's) (see `ShapeFlow`).
+        hidden, layers: the field's widths (see `ShapeFlow`; layers default 3 for an
             EGNN, 2 otherwise).
         gram_density, gram_components: ShapeFlow's density of S given the span (its
             ``gram``): ``"distance"`` (default; log-normal pair distances) or ``"wishart"``.
@@ -110,7 +110,7 @@ class ShapeExperiment:
         flow, gram: the two training configurations.
         n_points, dim, labels: read from the data (labels when every cloud has the same).
         efm_labels: the baseline only: embed ``labels`` (atom types) in its EGNN's node
-            features. None, the default, is resolved by :func:`run`: True for a new run, the
+            features. None, the default, is resolved by `run`: True for a new run, the
             saved value when continuing one; None in a saved preset (runs made before this
             option) means no labels, as those runs were trained.
     """
@@ -354,7 +354,7 @@ def nll_summary(r: dict) -> str:
 
 
 def save_sampled_clouds(X: np.ndarray, out: str | Path, labels=None) -> str:
-    """:func:`~grassflow.data.point_clouds.save_clouds`, and what it wrote, in words."""
+    """`save_clouds`, and what it wrote, in words."""
     written = save_clouds(X, out, labels)
     return f"wrote {len(X)} clouds {tuple(X.shape)} to " + ", ".join(map(str, written))
 

@@ -89,10 +89,10 @@ class TexturesExperiment:
         horp_width: columns of the HorP weight; None is k = 1 (the paper: one 3-vector).
         fourier_scale: None (the paper): tanh(HorP) features. A float: periodic features
             ``[sin, cos](HorP)`` with the HorP weight drawn from N(0, fourier_scale^2), see
-            :class:`~grassflow.nn.Potential`. Needed for thin structure such as spiral arms.
+            `Potential`. Needed for thin structure such as spiral arms.
         sigma: prior ``U = sigma^2 I_3``, ``V = I_1``, ``M = e_1`` (paper: 0.3).
         T, train_T: end time and whether it is learned.
-        divergence, method, atol, rtol: see :class:`GrCNF`.
+        divergence, method, atol, rtol: see `GrCNF`.
         n_val, n_test, data_seed: the fixed held-out sets.
         objective: ``"mle"`` (maximum likelihood through the ODE, the paper), ``"fm"``
             (Riemannian flow matching, simulation-free) or ``"fm-ot"`` (flow matching with
@@ -159,7 +159,7 @@ PRESETS: dict[str, TexturesExperiment] = {
         hidden=(128, 128), horp_width=32, fourier_scale=4.0, objective="fm", train=_FM_TRAIN
     ),
 }
-"""Named texture presets; :func:`preset` returns a copy for one dataset."""
+"""Named texture presets; `preset` returns a copy for one dataset."""
 
 
 def preset(name: str, dataset: str = "2spirals", **changes) -> TexturesExperiment:
@@ -237,7 +237,7 @@ def texture_stream(dataset: str, dtype: torch.dtype):
 def claim(
     exp: TexturesExperiment, run_dir: str | Path, force: bool = False, resume: bool = True
 ) -> dict:
-    """:func:`.runs.claim_run_dir` for ``exp``; returns its held-out splits.
+    """`runs.claim_run_dir` for ``exp``; returns its held-out splits.
 
     The training stream is generated, so the data's identity is the hash of the held-out
     splits that the same generator draws.
@@ -259,7 +259,7 @@ def run(
 ) -> TrainResult:
     """Train (or resume) one texture model in ``run_dir`` (``callback``: see ``train``).
 
-    ``run_dir`` must be new or hold the same preset and data (:func:`claim`); ``force``
+    ``run_dir`` must be new or hold the same preset and data (`claim`); ``force``
     deletes a mismatched one instead of raising.
     """
     splits = claim(exp, run_dir, force, resume)
@@ -373,7 +373,7 @@ def plot_prior(path: str | Path, sigma2: float = 0.5) -> Path:
 
 
 def eval_summary(result: dict) -> str:
-    """Two lines on an :func:`evaluate` result: NLLs against the prior and uniform, and MMD²."""
+    """Two lines on an `evaluate` result: NLLs against the prior and uniform, and MMD²."""
     r = result
     return (
         f"[{r['dataset']}] test NLL {r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats | prior "

@@ -73,7 +73,7 @@ class TrainConfig:
             whatever the machine's speed; a larger total continues it. Sweeps use this one.
         clock: what the budgets count: ``"cpu"``, this process's CPU time (all its threads;
             per rank under torchrun), which other jobs on the machine do not change, or
-            ``"wall"``, wall-clock time (see :mod:`.clock`).
+            ``"wall"``, wall-clock time (see `clock`).
         device: ``"auto"`` (cuda if available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         dtype: ``"float32"`` or ``"float64"``; model and data are cast to it.
     """
