@@ -11,6 +11,8 @@ from scipy.spatial.distance import jensenshannon, pdist
 from grassflow.cli import main
 from grassflow.data.point_clouds import load_point_clouds, write_xyz
 from grassflow.tasks import shape_runs as shapes
+from grassflow.tasks.run_dir import read_preset
+from grassflow.training import GramTerm
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.slow]
 
@@ -45,7 +47,7 @@ def test_npy_train_eval_sample_plot(tmp_path, capsys):
     assert r["test_nll"] == pytest.approx(parts, rel=1e-10) and math.isfinite(r["test_nll"])
     assert r["n_test"] == 8 and r["flow_iterations"] == 30 and r["gram_iterations"] == 30
     # catches: train / val / test overlapping or not covering the data (a row is a cloud)
-    preset = shapes.ShapeExperiment.from_dict(exp)
+    preset = read_preset(run, shapes.ShapeExperiment.from_dict, "shape")
     splits = shapes.load_clouds(preset)
     names = ("train", "val", "test")
     sets = {s: {x.tobytes() for x in splits[s].numpy()} for s in names}
@@ -74,7 +76,7 @@ def test_npy_train_eval_sample_plot(tmp_path, capsys):
     val, n_val = splits["val"], preset.n_val_flow
     with torch.no_grad():
         flow_nll = -model.flow.log_prob(model.factor(val[:n_val])[0]).mean()
-        gram_nll = -shapes.GramTerm(model).log_prob(val).mean()
+        gram_nll = -GramTerm(model).log_prob(val).mean()
     for part, nll in (("flow", flow_nll), ("gram", gram_nll)):
         best = torch.load(run / part / "best.pt", weights_only=False)
         assert best["val_nll"] == pytest.approx(nll.item(), rel=1e-6), part
@@ -96,7 +98,7 @@ def test_npy_train_eval_sample_plot(tmp_path, capsys):
     assert r["flow_iterations"] == 45 and r["gram_iterations"] == 45
     # the model behind the numbers is the one the command-line evaluated
     _, model = shapes.load_run(run)
-    test = shapes.load_clouds(shapes.ShapeExperiment.from_dict(exp))["test"]
+    test = shapes.load_clouds(read_preset(run, shapes.ShapeExperiment.from_dict, "shape"))["test"]
     with torch.no_grad():
         assert -model.log_prob(test).mean().item() == pytest.approx(r["test_nll"], rel=1e-6)
 

@@ -1,0 +1,7 @@
+"""``python -m grassflow.cli``: the ``grassflow`` command (e.g. under torchrun)."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
