@@ -159,6 +159,13 @@ def test_sweep_rows_merge_and_tables(tmp_path, monkeypatch):
     qm9_row = vs_enf.qm9_row(fake, QM9Experiment(flow_minutes=4.0, scale_minutes=1.0))
     assert (qm9_row["model"], qm9_row["budget_minutes"], qm9_row["train_minutes"],
             qm9_row["test_nll_jacobian"]) == ("grassflow-mlp-fm", 5.0, 5.0, 73.6)  # fmt: skip
+    # catches: a QM9 row trained on CPU budgets labelled as a wall-minute row of before issue 20
+    cpu = {"flow_cpu_minutes": 4.0, "gram_cpu_minutes": 1.0, "flow_wall_minutes": 6.0,
+           "gram_wall_minutes": 2.0, "flow_threads": 7}  # fmt: skip
+    cpu_row = vs_enf.qm9_row({**fake, **cpu}, QM9Experiment(flow_minutes=4.0, scale_minutes=1.0))
+    assert (cpu_row["train_cpu_minutes"], cpu_row["train_wall_minutes"]) == (5.0, 8.0)
+    assert cpu_row["threads"] == 7  # the training's, not the evaluating process's
+    assert "train_cpu_minutes" not in qm9_row
     (out / "vs_enf.json").write_text(json.dumps([qm9_row]))
     base = vs_enf.ENFExperiment(potential="mlp", flow_iterations=6, gram_iterations=3)
     kw = {"base": base, "progress": False}

@@ -483,11 +483,15 @@ def qm9_row(result: dict, exp) -> dict:
         "n_train": result["n_train"], "seed": exp.seed,
         "budget_minutes": exp.flow_minutes + exp.scale_minutes,
         "train_minutes": result["flow_minutes"] + result["gram_minutes"],
+        # CPU budgets (issue 20) record the CPU and wall minutes of both parts
+        **({f"train_{c}_minutes": result[f"flow_{c}_minutes"] + result[f"gram_{c}_minutes"]
+            for c in ("cpu", "wall")} if result.get("flow_cpu_minutes") is not None else {}),
         "iterations": result["flow_iterations"], "n_test": result["n_test"],
         **{k: result[k] for k in ("test_nll", "test_nll_sem", "test_nll_grassmann",
                                   "test_nll_gram", "jsd", "broken_fraction")},
         "test_nll_jacobian": result["mean_log_jacobian"], "atol": exp.atol, "rtol": exp.rtol,
-        "threads": torch.get_num_threads(),
+        # the training's threads (the flow's), not this process's
+        "threads": result.get("flow_threads", torch.get_num_threads()),
         "command": table2_command(exp),
     }  # fmt: skip
 
