@@ -285,7 +285,7 @@ class Grassmann(nn.Module):
 
     @staticmethod
     def cayley_log_jacobian(sigma: Tensor, D: int) -> Tensor:
-        """log |det d[retr_Y](xi)| for singular values ``sigma: (..., k)`` of xi.
+        """``log |det d[retr_Y](xi)|`` for singular values ``sigma: (..., k)`` of xi.
 
         Volume change from the horizontal space (Lebesgue) to Gr(k, D) (Riemannian volume):
         ``prod_i (1 + s_i^2/4)^{-(D-1)} prod_{i<j} |1 - s_i^2 s_j^2 / 16|``. Derived from the
