@@ -91,7 +91,7 @@ def test_reproduce_table1_end_to_end_and_resume(tmp_path, fixed_pace):
     # ... and a smaller one is refused: the runs have trained longer than it
     with pytest.raises(table1.RunMismatch, match="total_budget_minutes: 0.1 -> 0.05"):
         table1.reproduce(out, runs, systems=("dw4",), sizes={"dw4": (20,)}, seeds=(0,),
-                         budget_minutes=0.05, data_dir=data, progress=False)  # fmt: skip
+                         minutes=0.05, data_dir=data, progress=False)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -100,7 +100,7 @@ def test_table1_refuses_runs_of_other_data(tmp_path, fixed_pace):
     fixed_pace(0.4)
     data, out, runs = fake_data(tmp_path / "data"), tmp_path / "out", tmp_path / "runs"
     kw = dict(systems=("dw4",), protocols=("com-free",), sizes={"dw4": (20,)}, seeds=(0,),
-              budget_minutes=0.05, data_dir=data, progress=False)  # fmt: skip
+              minutes=0.05, data_dir=data, progress=False)  # fmt: skip
     table1.reproduce(out, runs, **kw)
     fake_data(data, seed=1)  # same path and layout, other configurations
     with pytest.raises(table1.RunMismatch, match=r"data\.train: 'sha256:") as info:

@@ -33,7 +33,7 @@ def cmd_reproduce_textures(args) -> None:
     rows = fig.reproduce(
         args.out,
         args.runs,
-        budget_minutes=args.minutes,
+        minutes=args.minutes,
         datasets=tuple(args.datasets),
         base=base,
         progress=not args.no_progress,
@@ -60,7 +60,7 @@ def cmd_reproduce_table1(args) -> None:
     sizes = None if args.sizes is None else {s: tuple(args.sizes) for s in args.system}
     result = table1.reproduce(
         args.out, args.runs, systems=tuple(args.system), protocols=tuple(args.protocol),
-        sizes=sizes, seeds=tuple(args.seeds), budget_minutes=args.minutes,
+        sizes=sizes, seeds=tuple(args.seeds), minutes=args.minutes,
         objective=args.objective, prior=args.prior, source=args.source, data_dir=args.data_dir,
         progress=not args.no_progress, force=args.force,
     )

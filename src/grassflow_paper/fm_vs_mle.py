@@ -36,10 +36,10 @@ from grassflow.training.checkpoint import write_json
 __all__ = ["compare", "markdown_table"]
 
 
-def _marks(budget_minutes: float, n_snapshots: int) -> list[float]:
+def _marks(minutes: float, n_snapshots: int) -> list[float]:
     """Snapshot times (s), geometric from 1 % of the budget: early times decide the
     time-to-NLL ratio."""
-    budget_s = 60 * budget_minutes
+    budget_s = 60 * minutes
     return [budget_s * 0.01 ** (1 - i / (n_snapshots - 1)) for i in range(n_snapshots)]
 
 
@@ -114,7 +114,7 @@ def compare(
     out_dir: str | Path,
     runs_dir: str | Path = "runs/fm_vs_mle",
     datasets: tuple[str, ...] = ("2sines",),
-    budget_minutes: float = 5.0,
+    minutes: float = 5.0,
     objectives: tuple[str, ...] = ("mle", "fm"),
     n_snapshots: int = 16,
     progress: bool = True,
@@ -123,7 +123,7 @@ def compare(
     """Run every objective on every dataset; write ``fm_vs_mle.{json,md,png}`` to ``out_dir``.
 
     The first objective (MLE by default) sets the reference NLL that the others must reach.
-    ``budget_minutes`` is each run's total; ``force`` retrains run directories that hold
+    ``minutes`` is each run's total; ``force`` retrains run directories that hold
     another preset instead of stopping with an error.
     """
     if "mle" not in objectives:
@@ -132,7 +132,7 @@ def compare(
     out = Path(out_dir)
     train_cfg = PAPER_TEXTURES.replace(
         batch_size=200, iterations=10**7, lr_step=None, val_every=None, log_every=10,
-        checkpoint_every=500, total_budget_minutes=budget_minutes,
+        checkpoint_every=500, total_budget_minutes=minutes,
     )  # fmt: skip
     results = {}
     for dataset in datasets:
@@ -147,7 +147,7 @@ def compare(
             summary[objective].update(iterations=r["iterations"],
                                       trained_minutes=r["trained_minutes"])  # fmt: skip
         results[dataset] = {"curves": curves, "summary": summary}
-    result = {"budget_minutes": budget_minutes, "objectives": list(objectives),
+    result = {"budget_minutes": minutes, "objectives": list(objectives),
               "datasets": results}
     if dd.is_main():  # under torchrun, rank 0 writes
         out.mkdir(parents=True, exist_ok=True)

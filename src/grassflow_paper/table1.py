@@ -66,7 +66,7 @@ def reproduce(
     protocols: tuple[str, ...] = ("com-free", "paper"),
     sizes: dict[str, tuple[int, ...]] | None = None,
     seeds: tuple[int, ...] = (0, 1, 2),
-    budget_minutes: float = 1.0,
+    minutes: float = 1.0,
     objective: str = "fm",
     prior: str = "uniform",
     source: str = "generated",
@@ -78,7 +78,7 @@ def reproduce(
 
     Args:
         sizes: training sizes per system; default the paper's (`particles.SIZES`).
-        budget_minutes: training CPU minutes per run, in total over invocations (the paper's
+        minutes: training CPU minutes per run, in total over invocations (the paper's
             epochs may stop it earlier). A rerun with the same budget trains no further; a
             larger one continues every run.
         objective: ``"fm"`` by default: the paper's maximum likelihood (``"mle"``) costs
@@ -112,9 +112,9 @@ def reproduce(
                     exp.train = exp.train.replace(seed=seed)
                     name = f"{system}-{protocol}-{objective}-{prior}-{source}-n{n}-s{seed}"
                     run_dir = Path(runs_dir) / name
-                    rows.append(_run_one(exp, run_dir, budget_minutes, progress, force)
+                    rows.append(_run_one(exp, run_dir, minutes, progress, force)
                                 | {"run_dir": str(run_dir)})
-    result = {"budget_minutes": budget_minutes, "objective": objective, "prior": prior,
+    result = {"budget_minutes": minutes, "objective": objective, "prior": prior,
               "source": source, "runs": rows}
     if dd.is_main():  # under torchrun, rank 0 writes
         out = Path(out_dir)

@@ -29,7 +29,7 @@ __all__ = ["markdown_table", "reproduce"]
 def reproduce(
     out_dir: str | Path,
     runs_dir: str | Path = "runs/textures",
-    budget_minutes: float = 20.0,
+    minutes: float = 20.0,
     datasets: tuple[str, ...] = TEXTURES,
     base: TexturesExperiment | None = None,
     progress: bool = True,
@@ -38,7 +38,7 @@ def reproduce(
 ) -> list[dict]:
     """Paper Figures 3 and 4 and the prior figure, with a table of test NLL and MMD.
 
-    Each dataset trains in ``runs_dir/<dataset>`` until it has used ``budget_minutes`` of
+    Each dataset trains in ``runs_dir/<dataset>`` until it has used ``minutes`` of
     training time in total; rerunning resumes unfinished runs and trains finished ones no
     further (a larger budget continues them). A run directory holding another preset stops
     with an error naming the difference, unless ``force`` (which retrains it).
@@ -54,7 +54,7 @@ def reproduce(
     for name in datasets:
         exp = dataclasses.replace(base, dataset=name)
         run_dir = Path(runs_dir) / name
-        exp.train = exp.train.replace(total_budget_minutes=budget_minutes)
+        exp.train = exp.train.replace(total_budget_minutes=minutes)
         run(exp, run_dir, resume=True, progress=progress, force=force)
         status = training_status(run_dir)
         row = evaluate(run_dir)
@@ -78,14 +78,14 @@ def reproduce(
     figure_antipodal(-Y0, antipodal, out / "figure4.png")
     plot_prior(out / "prior.png")
     write_json(rows, out / "textures.json")
-    (out / "textures.md").write_text(markdown_table(rows, budget_minutes))
+    (out / "textures.md").write_text(markdown_table(rows, minutes))
     return rows
 
 
-def markdown_table(rows: list[dict], budget_minutes: float) -> str:
+def markdown_table(rows: list[dict], minutes: float) -> str:
     """The README table for `reproduce`."""
     lines = [
-        f"Training budget: {budget_minutes:g} CPU minutes per dataset (2 cores); the minutes "
+        f"Training budget: {minutes:g} CPU minutes per dataset (2 cores); the minutes "
         "column is what each run trained. "
         "NLL in nats on 500 held-out lines (mean ± s.e.); MMD² with a Gaussian kernel on the "
         f"chordal distance (h = {MMD_BANDWIDTH}) between 1000 samples and the test set.",
