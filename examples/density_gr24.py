@@ -61,12 +61,12 @@ result = train(flow, Y_train, config, args.out, val_data=Y_val, objective=OBJECT
                resume=True, progress=not args.tiny)
 
 flow.eval()
-ref = flow.prior_mean  # the model's dtype and device after training
-Y_test = Y_test.to(ref)
+Y_test = Y_test.to(flow.device, flow.dtype)  # where and how `train` left the flow
 with torch.no_grad():
     logp = flow.log_prob(Y_test)
-    samples = flow.sample(200, generator=torch.Generator(ref.device).manual_seed(args.seed))
-    Q = torch.linalg.qr(torch.randn(2, 2, generator=g, dtype=torch.float64))[0].to(ref)
+    samples = flow.sample(200, generator=torch.Generator(flow.device).manual_seed(args.seed))
+    Q = torch.linalg.qr(torch.randn(2, 2, generator=g, dtype=torch.float64))[0]
+    Q = Q.to(flow.device, flow.dtype)
     logp_rotated = flow.log_prob(Y_test @ Q)
 summary = {
     "iterations": result.iterations,

@@ -111,6 +111,16 @@ class GrCNF(nn.Module):
     def T(self) -> Tensor:
         return self.sqrt_T.square()
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The flow's floating dtype (that of its buffers; inputs must match it)."""
+        return self.prior_mean.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The flow's device (``train`` may have moved it, e.g. with ``device="auto"``)."""
+        return self.prior_mean.device
+
     def extra_repr(self) -> str:
         return (
             f"prior={self.prior_kind!r}, T={self.T.item():.4g}, divergence={self.divergence!r}, "
@@ -121,7 +131,7 @@ class GrCNF(nn.Module):
     def prior(self) -> MatrixGaussianPrior | UniformGrassmann:
         """The base distribution on the module's dtype and device."""
         if self.prior_kind == "uniform":
-            return UniformGrassmann(self.manifold, self.prior_mean.dtype, self.prior_mean.device)
+            return UniformGrassmann(self.manifold, self.dtype, self.device)
         return MatrixGaussianPrior(self.manifold, self.prior_mean, self.row_cov, self.col_cov)
 
     def _prior_log_prob(self, Y: Tensor) -> Tensor:

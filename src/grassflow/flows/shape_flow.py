@@ -191,6 +191,16 @@ class ShapeFlow(nn.Module):
     def manifold(self) -> Grassmann:
         return self.flow.manifold
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's floating dtype; clouds must match it."""
+        return self.flow.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device."""
+        return self.flow.device
+
     # ------------------------------------------------------------ coordinates
     def _check(self, P: Tensor) -> None:
         ref = self.flow.prior_mean

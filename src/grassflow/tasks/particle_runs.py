@@ -243,7 +243,7 @@ def evaluate(run_dir: str | Path, data: dict | None = None, batch_size: int = 25
     points are shared among the ranks (same result) and rank 0 writes the file.
     """
     exp, model = load_run(run_dir)
-    dtype = model.prior_mean.dtype
+    dtype = model.dtype
     test = (load_data(exp) if data is None else data)["test"].to(dtype)
     nll = -distributed_log_prob(model, test, batch_size)
     with torch.no_grad():

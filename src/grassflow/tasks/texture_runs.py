@@ -293,7 +293,7 @@ def evaluate(
     among the ranks (same result for any number of ranks) and rank 0 writes the file.
     """
     exp, model = load_run(run_dir)
-    dtype = model.prior_mean.dtype
+    dtype = model.dtype
     test = held_out(exp, dtype)["test"]
     gen = torch.Generator().manual_seed(seed)
     logp, nfes = distributed_log_prob(model, test, batch_size, with_nfe=True)
@@ -333,7 +333,7 @@ def _antipodal_gap(model: GrCNF, n: int, seed: int) -> float:
 def plot_run(run_dir: str | Path, n_samples: int = 2000, seed: int = 0) -> list[Path]:
     """``textures.png`` (Data / Generated / Density) and ``antipodal.png`` for one run."""
     exp, model = load_run(run_dir)
-    dtype = model.prior_mean.dtype
+    dtype = model.dtype
     gen = torch.Generator().manual_seed(seed)
     data = sample_texture(exp.dataset, n_samples, seed=seed, dtype=dtype)
     Y0 = model.sample_prior(n_samples, gen)
@@ -358,7 +358,7 @@ def density_fn(model: GrCNF):
 
     def log_prob(Y: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return model.log_prob(Y.to(model.prior_mean.dtype))
+            return model.log_prob(Y.to(model.dtype))
 
     return log_prob
 
