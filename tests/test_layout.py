@@ -2,6 +2,7 @@
 imports another's private names, no two modules share a name, and every run kind resolves."""
 
 import ast
+import dataclasses
 import json
 import subprocess
 import sys
@@ -109,7 +110,7 @@ def test_runs_made_before_kinds_are_told_apart_by_their_presets(tmp_path):
         "shapes": ShapeExperiment(data="clouds.npy", n_points=4, dim=2).to_dict(),
         "vs-enf": ENFExperiment(system="dw4").to_dict(),
         "efm": EFMExperiment(system="dw4").to_dict(),
-        "qm9": QM9Experiment().__dict__ | {},
+        "qm9": dataclasses.asdict(QM9Experiment()),
     }
     for kind, preset in presets.items():
         preset = json.loads(json.dumps(preset, default=list))

@@ -36,7 +36,7 @@ from grassflow.training.checkpoint import write_json
 from grassflow.training.clock import Stopwatch
 from grassflow.training.rng import seeded_init
 
-from .vs_enf import SHAPES, data_dir_of, load_enf_splits
+from .vs_enf import SHAPES, data_dir_of, eval_summary, load_enf_splits
 
 SYSTEMS = {**SHAPES, "qm9": (19, 3)}  # QM9 positional: 19 atoms, E-NF's split
 # preset fields added after runs were made: the value those runs had without saying so
@@ -240,13 +240,7 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
     return result
 
 
-def _eval_line(run_dir: Path, n_samples: int, seed: int) -> str:
-    r = evaluate(run_dir)
-    return (f"[{r['system']}, {r['model']}, n_train {r['n_train']}, atol = rtol = {r['atol']:g}] "
-            f"Cartesian test NLL {r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats")
-
-
 RUN_KIND = RunKind(
-    evaluate=_eval_line,
+    evaluate=lambda run_dir, n_samples, seed: eval_summary(evaluate(run_dir)),
     sample=lambda run_dir, n, seed, out: save_sampled_clouds(sample(run_dir, n, seed), out),
 )

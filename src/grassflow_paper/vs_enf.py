@@ -65,7 +65,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RUN_KIND",
-    "ANCHORS", "ENF_SPLITS", "ENFExperiment", "build_model", "data_dir_of", "evaluate",
+    "ANCHORS", "ENF_SPLITS", "ENFExperiment", "build_model", "data_dir_of", "eval_summary",
+    "evaluate",
     "isotropic_gaussian_nll", "load_enf_splits", "markdown_table", "merge_rows", "qm9_model",
     "qm9_row", "run", "sweep",
 ]  # fmt: skip
@@ -580,13 +581,14 @@ def markdown_table(rows: list[dict], system: str) -> str:
     return "\n".join([*lines, "", "Made by:", *[f"- `{c}`" for c in commands]]) + "\n"
 
 
-def _eval_line(run_dir: Path, n_samples: int, seed: int) -> str:
-    r = evaluate(run_dir)
+def eval_summary(r: dict) -> str:
+    """One line on the evaluation ``r`` of a vs-E-NF run, ShapeFlow's (with its parts) or the
+    baseline's (`efm`)."""
     return (f"[{r['system']}, {r['model']}, n_train {r['n_train']}, atol = rtol = {r['atol']:g}] "
             f"Cartesian test NLL {nll_summary(r)}")  # fmt: skip
 
 
 RUN_KIND = RunKind(
-    evaluate=_eval_line,
+    evaluate=lambda run_dir, n_samples, seed: eval_summary(evaluate(run_dir)),
     sample=lambda run_dir, n, seed, out: save_sampled_clouds(sample(run_dir, n, seed), out),
 )
