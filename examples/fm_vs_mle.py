@@ -43,7 +43,7 @@ for objective in args.objectives:
     base = texture_runs.PRESETS[args.preset]
     # stop on the budget alone, a total over reruns: the same command again trains no further
     # (it only evaluates), a larger budget continues both. One validation, at the end.
-    train = base.train.replace(iterations=10**6, lr_step=None, val_every=None, seed=args.seed,
+    train = base.train.replace(iterations=None, lr_step=None, val_every=None, seed=args.seed,
                                batch_size=100 if args.tiny else 200, clock="cpu",
                                total_budget_minutes=minutes, log_every=10,
                                checkpoint_every=10**6)  # fmt: skip

@@ -53,6 +53,12 @@ def test_same_run_is_claimed_again_and_the_budget_may_grow(tmp_path):
     claim(run, preset(total_budget_minutes=2.0, iterations=200), identity(X))
     saved = json.loads((run / "experiment.json").read_text())["train"]
     assert (saved["total_budget_minutes"], saved["iterations"]) == (2.0, 200)
+    # None (as many iterations as the budget allows) is the longest run of all, so it
+    # continues the run, and a count after it would shorten the run (catches: None compared
+    # as a mismatch, or any count accepted after it)
+    claim(run, preset(total_budget_minutes=2.0, iterations=None), identity(X))
+    with pytest.raises(RunMismatch, match="train.iterations: None -> 300"):
+        claim(run, preset(total_budget_minutes=2.0, iterations=300), identity(X))
 
 
 def test_mismatches_name_every_field(tmp_path):

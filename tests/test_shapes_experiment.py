@@ -63,7 +63,7 @@ def test_npy_train_eval_sample_plot(tmp_path, capsys):
     assert r["test_nll_sem"] == pytest.approx(lp.std(ddof=1) / np.sqrt(8), rel=1e-6)
     # catches: a JSD of other histograms or conventions: recomputed with numpy and scipy
     # (the project's JSD is in nats: the square of scipy's Jensen-Shannon distance, base e)
-    X = np.load(run / "samples.npy")
+    X = shapes.sample(run, 50, seed=0, save=False)  # the samples eval drew
     a = np.concatenate([pdist(x) for x in X])
     b = np.concatenate([pdist(x) for x in splits["test"].numpy()])
     hi = 1.5 * np.quantile(b, 0.999)
@@ -80,9 +80,13 @@ def test_npy_train_eval_sample_plot(tmp_path, capsys):
     for part, nll in (("flow", flow_nll), ("gram", gram_nll)):
         best = torch.load(run / part / "best.pt", weights_only=False)
         assert best["val_nll"] == pytest.approx(nll.item(), rel=1e-6), part
-    # the same numbers again: evaluation is deterministic
+    # the same numbers again: evaluation is deterministic; and it leaves the samples a user
+    # drew alone (catches: eval overwriting samples.npy with its own 50)
+    mine = np.full((3, 5, 2), 7.0)
+    np.save(run / "samples.npy", mine)
     assert main(["eval", str(run), "--n-samples", "50"]) == 0
     assert json.loads((run / "eval.json").read_text()) == r
+    assert np.array_equal(np.load(run / "samples.npy"), mine)
     assert "nats per shape" in capsys.readouterr().out
     assert main(["sample", str(run), "--n", "7", "--out", str(tmp_path / "s.npy")]) == 0
     X = np.load(tmp_path / "s.npy")

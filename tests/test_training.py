@@ -328,6 +328,22 @@ def test_total_budget_is_spent_once_whatever_the_pace(tmp_path, monkeypatch):
     assert more.stopped == "budget" and more.iterations == 46  # 23 + 23 steps: 59.8 s
 
 
+def test_budget_only_run_needs_no_iteration_count(tmp_path, monkeypatch):
+    # catches: iterations=None stopping at once (None read as 0) or never (no budget check),
+    # a rerun with a larger total refused because None compared as smaller than a number,
+    # and a run with neither a count nor a budget accepted (it would never end)
+    data, run = dataset(50), tmp_path / "run"
+    with pytest.raises(ValueError, match="iterations=None"):
+        train(Watson(), data, config(iterations=None), run, progress=False)
+    for budget, steps in ((0.5, 23), (1.0, 46)):
+        clock = Clock(1.3)
+        use_clock(monkeypatch, clock)
+        result = train(Watson(), data, config(iterations=None, total_budget_minutes=budget),
+                       run, resume=run.exists(), objective=clock.objective, progress=False)
+        assert result.stopped == "budget" and result.iterations == steps
+        assert f"iteration {steps} (" in result.message  # no "/None" in the message
+
+
 def test_total_and_invocation_budgets_together(tmp_path, monkeypatch):
     # catches: the per-invocation budget being taken for the run's total, or vice versa
     data, run = dataset(50), tmp_path / "run"

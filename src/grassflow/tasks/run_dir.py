@@ -104,7 +104,7 @@ def claim_run_dir(
         kind: the run's kind (`registry`); a directory from before kinds takes it.
         added: preset fields added after runs were made, with the value those runs had
             without saying so (a saved preset that lacks them matches that value).
-        budget_keys: fields that may only grow.
+        budget_keys: fields that may only grow (None, unlimited, is the largest).
         force: start the run afresh (deleting ``run_dir``) instead of raising on a mismatch.
         resume: False refuses a directory that already holds ``last.pt`` (``FileExistsError``)
             before anything is written.
@@ -162,7 +162,7 @@ def _mismatch(
             a = added[key]
         if a == b or key in _FREE or key.endswith("path") or (a == "<missing>" and b is None):
             continue
-        if key in budget_keys and _number(a) and _number(b) and b >= a:
+        if key in budget_keys and _number(a) and (b is None or _number(b) and b >= a):
             continue
         diffs.append(f"{key}: {a!r} -> {b!r}")
     return f"{run_dir} holds a different run ({'; '.join(diffs)})" if diffs else None

@@ -270,12 +270,14 @@ def _distances(P: np.ndarray) -> np.ndarray:
     return np.linalg.norm(P[:, i] - P[:, j], axis=-1).ravel()
 
 
-def sample(run_dir: str | Path, n: int, seed: int = 0) -> np.ndarray:
-    """``n`` generated clouds ``(n, n_points, d)``, centred; also written to ``samples.npy``
-    (and ``samples.xyz`` for 3-D clouds, with the shared labels if any)."""
+def sample(run_dir: str | Path, n: int, seed: int = 0, save: bool = True) -> np.ndarray:
+    """``n`` generated clouds ``(n, n_points, d)``, centred; with ``save``, also written to
+    ``samples.npy`` (and ``samples.xyz`` for 3-D clouds, with the shared labels if any)."""
     exp, model = load_run(run_dir)
     with torch.no_grad():
         X = model.sample(n, torch.Generator().manual_seed(seed)).numpy()
+    if not save:
+        return X
     np.save(Path(run_dir) / "samples.npy", X)
     if exp.dim == 3:
         labels = None if exp.labels is None else np.broadcast_to(exp.labels, X.shape[:2])
@@ -294,7 +296,7 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, seed: int = 0) -> dict:
             terms = model.log_prob_terms(test)
         else:
             terms = {"log_prob": torch.cat([model.log_prob(c) for c in test.split(64)])}
-    X = sample(run_dir, n_samples, seed)
+    X = sample(run_dir, n_samples, seed, save=False)  # leaves the user's samples.npy alone
     a, b = _distances(X), _distances(test.numpy())
     hi = float(np.quantile(b, 0.999)) * 1.5
     parts = {}

@@ -47,7 +47,8 @@ class TrainConfig:
         betas: Adam ``(beta1, beta2)``, each in [0, 1).
         weight_decay: Adam (L2) weight decay, >= 0.
         batch_size: samples per optimizer step, >= 1.
-        iterations: total optimizer steps of the run (across resumes), >= 1.
+        iterations: total optimizer steps of the run (across resumes), >= 1; None = as many
+            as a budget allows (``budget_minutes`` or ``total_budget_minutes`` must be set).
         lr_step: multiply the lr by ``lr_gamma`` every ``lr_step`` iterations; None = constant.
         lr_gamma: decay factor of the step schedule, in (0, 1]. The paper uses 0.1.
         grad_clip: max global L2 norm of the gradient; None = no clipping.
@@ -82,7 +83,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     batch_size: int = 128
-    iterations: int = 1000
+    iterations: int | None = 1000
     lr_step: int | None = None
     lr_gamma: float = 0.1
     grad_clip: float | None = None
@@ -113,11 +114,11 @@ class TrainConfig:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
         if not (_is_real(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        for name in ("batch_size", "iterations", "log_every", "checkpoint_every"):
+        for name in ("batch_size", "log_every", "checkpoint_every"):
             value = getattr(self, name)
             if not (_is_int(value) and value >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("lr_step", "val_every", "val_doubling_from"):
+        for name in ("iterations", "lr_step", "val_every", "val_doubling_from"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and value >= 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")

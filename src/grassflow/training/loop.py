@@ -93,6 +93,10 @@ def train(
             ``batch_size`` that the number of processes does not divide.
         CheckpointError: ``last.pt`` is corrupt or does not match the model.
     """
+    if config.iterations is None and config.budget_minutes is None \
+            and config.total_budget_minutes is None:
+        raise ValueError("iterations=None trains until a budget runs out: set budget_minutes "
+                         "or total_budget_minutes")
     parallel = dd.init()  # False unless launched by torchrun with several processes
     main = dd.is_main()
     run_dir = Path(run_dir)
@@ -201,7 +205,9 @@ def train(
                 atomic_save({**best, "config": config.to_dict()}, run_dir / "best.pt")
         return val_nll
 
-    if budget_s is not None and budget_s <= 0 and state.iteration < config.iterations:
+    limit = math.inf if config.iterations is None else config.iterations
+    of_limit = "" if config.iterations is None else f"/{config.iterations}"
+    if budget_s is not None and budget_s <= 0 and state.iteration < limit:
         message = (
             f"total budget of {config.total_budget_minutes:g} min already spent "
             f"({elapsed() / 60:.2f} {kind} min, {state.iteration} iterations): nothing to train; "
@@ -214,7 +220,7 @@ def train(
     stopped, message = "done", ""
     state.train.start()
     try:
-        while state.iteration < config.iterations:
+        while state.iteration < limit:
             batch = stream.batch(state.iteration)
             optimizer.zero_grad(set_to_none=True)
             if step is None:
@@ -237,7 +243,7 @@ def train(
                 scheduler.step()
             state.iteration += 1
             state.last_loss = loss_value
-            done, last = state.iteration, state.iteration == config.iterations
+            done, last = state.iteration, state.iteration == limit
             if sync_clock:  # time-based decisions must agree, or the ranks part ways
                 synced = dd.max_over_ranks(state.train.seconds(kind) - start_s)
 
@@ -274,11 +280,11 @@ def train(
                 bar.update(1)
             else:  # the share of the budget or of the iterations done, whichever is ahead
                 share = max(since_start() / max(budget_s, 1e-9),
-                            (done - start_iteration) / (config.iterations - start_iteration))
+                            (done - start_iteration) / (limit - start_iteration))
                 bar.update(min(1000.0, 1000.0 * share) - bar.n)
             postfix = _postfix(loss_value, stats, lr, state.best_val)
             if budget_s is not None:
-                postfix = {"it": f"{done}/{config.iterations}", **postfix}
+                postfix = {"it": f"{done}{of_limit}", **postfix}
             bar.set_postfix(postfix, refresh=False)
             if out_of_budget:
                 # recorded in last.pt, so a rerun with the same total does not train again
@@ -290,14 +296,14 @@ def train(
                 which = (f"total budget of {config.total_budget_minutes:g}" if by_total
                          else f"budget of {config.budget_minutes:g}")  # fmt: skip
                 message = (
-                    f"{which} {kind} min reached at iteration {done}/{config.iterations} "
+                    f"{which} {kind} min reached at iteration {done}{of_limit} "
                     f"({elapsed() / 60:.2f} {kind} min trained, {threads} thread(s)); "
                     f"saved {last_path}; "
                     "rerun with resume=True (and a larger budget) to continue"
                 )
                 break
         else:
-            message = f"done: {state.iteration}/{config.iterations} iterations"
+            message = f"done: {state.iteration}{of_limit} iterations"
     finally:
         state.train.stop()
         bar.close()
@@ -329,12 +335,14 @@ def _progress_bar(
     the budget or of the iterations done, whichever is ahead, so that the ETA is the end of
     whichever comes first rather than that of ``config.iterations`` alone."""
     common = {"disable": not enabled, "desc": name, "dynamic_ncols": True}
-    if limit_s is None:
+    if limit_s is None:  # iterations is set: train() refuses None without a budget
         return tqdm(total=config.iterations, initial=iteration, **common)
     budget = f"{limit_s / 60:.3g} {config.clock} min"
+    if config.iterations is not None:
+        budget += " or the iterations"
     return tqdm(
         total=1000.0,
-        bar_format="{desc}: {percentage:3.0f}%|{bar}| of " + budget + " or the iterations "
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| of " + budget + " "
         "[{elapsed}<{remaining}{postfix}]",
         **common,
     )
