@@ -24,12 +24,14 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+KLEIN = ROOT.parent / "shared" / "data" / "alt_klein2023_from_DEM"  # reference copies
 TIMING = ("minutes", "seconds", "_s", "threads", "clock", "run_dir", "path")
 
 CASES = {  # name: train arguments (the run directory is appended)
     "textures-fm": ["--dataset", "2spirals", "--iterations", "300", "--seed", "1"],
     "textures-mle": ["--dataset", "swissroll", "--preset", "paper", "--iterations", "40"],
-    "particles-dw4": ["--dataset", "dw4", "--n-train", "100", "--iterations", "200"],
+    "particles-dw4": ["--dataset", "dw4", "--n-train", "100", "--iterations", "200",
+                      "--source", "klein", "--data-dir", "{klein}"],
     "shapes-egnn-distance": ["--data", "{clouds}", "--iterations", "60",
                              "--gram-iterations", "100"],
     "shapes-graph-wishart": ["--data", "{clouds}", "--potential", "graph", "--gram", "wishart",
@@ -89,30 +91,44 @@ def main() -> None:
     sources = {"old": tree / "src", "new": ROOT / "src"}
     rows = []
     for case in args.cases:
+        if "{klein}" in CASES[case] and not KLEIN.exists():
+            print(f"{case}: skipped, {KLEIN} is missing", flush=True)
+            continue
         evals = {}
         for which, src in sources.items():
             run_dir = out / which / case
             if not (run_dir / "eval.json").exists():
-                train = [a.format(clouds=data) for a in CASES[case]]
+                train = [a.format(clouds=data, klein=KLEIN) for a in CASES[case]]
                 run(src, ["train", *train, "--run-dir", str(run_dir), "--no-progress"],
                     out / f"{which}.log")  # fmt: skip
                 run(src, ["eval", str(run_dir), "--n-samples", "100"], out / f"{which}.log")
             evals[which] = numbers(json.loads((run_dir / "eval.json").read_text()))
         old, new = evals["old"], evals["new"]
         keys = sorted(set(old) | set(new))
-        differ = [k for k in keys if not (k in old and k in new and (
-            old[k] == new[k] or math.isnan(old[k]) and math.isnan(new[k])))]
+        differ = [
+            k
+            for k in keys
+            if not (
+                k in old
+                and k in new
+                and (old[k] == new[k] or math.isnan(old[k]) and math.isnan(new[k]))
+            )
+        ]
         rows.append({"case": case, "compared": len(keys), "differ": differ,
                      "old": old, "new": new})  # fmt: skip
         print(f"{case}: {len(keys)} numbers, {len(differ)} differ {differ}", flush=True)
-    (out / "same_numbers.json").write_text(json.dumps({"old": args.old, "rows": rows}, indent=1))
-    lines = [f"Fixed-iteration runs, `{args.old}` against this tree (eval.json, timings "
+    head = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    report = {"old": args.old, "new": head, "rows": rows}
+    (out / "same_numbers.json").write_text(json.dumps(report, indent=1))
+    lines = [f"Fixed-iteration runs, `{args.old}` against `{head}` (eval.json, timings "
              "excluded).", "", "| case | numbers compared | differ | test NLL (old / new) |",
              "|---|---|---|---|"]  # fmt: skip
     for r in rows:
         nll = " / ".join(f"{r[w].get('test_nll', math.nan):.6f}" for w in ("old", "new"))
-        lines.append(f"| {r['case']} | {r['compared']} | {', '.join(r['differ']) or 'none'} | "
-                     f"{nll} |")
+        lines.append(
+            f"| {r['case']} | {r['compared']} | {', '.join(r['differ']) or 'none'} | {nll} |"
+        )
     (out / "same_numbers.md").write_text("\n".join(lines) + "\n")
     sys.exit(1 if any(r["differ"] for r in rows) else 0)
 
