@@ -16,7 +16,7 @@ DEBUG_ENV = "GRASSFLOW_DEBUG"
 """Environment variable: set to anything but ``""`` or ``"0"`` to act as ``--debug``."""
 
 PARTICLE_SYSTEMS = ("dw4", "lj13")
-OBJECTIVE_NAMES = ("mle", "fm", "fm-ot", "fm-relabel")
+OBJECTIVE_NAMES = ("mle", "fm", "fm-ot")
 
 
 def add_particle_data_options(g) -> None:

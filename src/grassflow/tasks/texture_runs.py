@@ -172,9 +172,8 @@ def preset(name: str, dataset: str = "2spirals", **changes) -> TexturesExperimen
 def describe(exp: TexturesExperiment) -> str:
     """One line naming the objective and the potential's features, e.g. for the demo."""
     objective = {"mle": "maximum likelihood", "fm": "flow matching",
-                 "fm-ot": "flow matching (minibatch OT pairs)",
-                 "fm-relabel": "flow matching (relabelled pairs)"}.get(exp.objective,
-                                                                       exp.objective)  # fmt: skip
+                 "fm-ot": "flow matching (minibatch OT pairs)"}.get(exp.objective,
+                                                                    exp.objective)  # fmt: skip
     if exp.fourier_scale is None:
         features = f"tanh HorP features (width {exp.horp_width or 1}, the paper's)"
     else:

@@ -66,7 +66,5 @@ OBJECTIVES: dict[str, Objective] = {
     "mle": nll_objective,
     "fm": flow_matching_objective,
     "fm-ot": functools.partial(flow_matching_objective, coupling="ot"),
-    "fm-relabel": functools.partial(flow_matching_objective, coupling="relabel"),
 }
-"""Objectives by name: maximum likelihood, flow matching, flow matching with OT pairs, and
-with data clouds relabelled towards their prior samples (spans of clouds only)."""
+"""Objectives by name: maximum likelihood, flow matching, and flow matching with OT pairs."""
