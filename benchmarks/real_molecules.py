@@ -36,6 +36,11 @@ labels. Reported per molecule and model:
 * clashes: the fraction of samples with two atoms closer than 0.9 Å;
 * training CPU minutes and iterations (both parts of a ShapeFlow), and parameters.
 
+``--diagnose`` adds to finished ShapeFlow rows where their nats and broken bonds come from
+(`diagnose`): the parts of the test NLL, and the bonds kept of clouds built from the test
+conformers' own spans or the flow's spans, with S from the Gram density or from a
+least-squares fit of the molecule's bond lengths.
+
 Rows are appended to ``OUT/real_molecules.json`` and ``.md`` as they finish; finished rows
 (same molecule, model, conformers, minutes) are skipped on a rerun.
 """
@@ -51,7 +56,9 @@ import numpy as np
 import torch
 
 from grassflow.data.conformers import cached_ensemble
+from grassflow.distributions.cartesian import log_jacobian_gram
 from grassflow.metrics import bond_lengths, bonds_kept_fraction, closest_pair_fraction, mean_sem
+from grassflow.nn.gram import metric_fit
 from grassflow.tasks import shape_runs as shapes
 from grassflow.tasks.run_dir import training_status
 from grassflow.training.threads import set_threads
@@ -110,6 +117,50 @@ def evaluate(run_dir: Path, bonds: np.ndarray, n_test: int, n_samples: int) -> d
     }  # fmt: skip
 
 
+def bond_fit(model, Y: torch.Tensor, bonds: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
+    """The metric that best gives the span's bonds their mean data ``lengths`` (least squares
+    in S, `grassflow.nn.gram.metric_fit`), lifted to positive definite: ``(B, d, d)``."""
+    b = torch.as_tensor(bonds)
+    points = model.gram.graph.points(Y)  # the span's points in the Gram density's convention
+    d = points[:, b[:, 0]] - points[:, b[:, 1]]
+    target = torch.as_tensor(lengths, dtype=d.dtype).square().expand(d.shape[:-1])
+    S = metric_fit(d, torch.ones_like(target), target)
+    low = torch.linalg.eigvalsh(S)[:, :1, None]
+    return S + torch.relu(1e-3 - low) * torch.eye(S.shape[-1], dtype=S.dtype)
+
+
+def diagnose(run_dir: Path, bonds: np.ndarray, n_test: int, n_samples: int) -> dict:
+    """Where a ShapeFlow's nats and broken bonds come from.
+
+    * the Gram and Jacobian parts of the test NLL (the Grassmann part is the rest);
+    * ``own``: clouds from the test conformers' own spans with S drawn from the Gram density
+      (the Gram part alone);
+    * ``own_bondfit``: the same spans with the S that best fits the molecule's bond lengths
+      (what a Gram density centred on the bond graph could reach);
+    * ``model_bondfit``: the flow's sampled spans with that S (whether its spans admit the
+      molecule's bonds at all).
+    """
+    exp, model = shapes.load_run(run_dir)
+    splits = shapes.load_clouds(exp)
+    test, train = splits["test"], splits["train"].numpy()
+    lengths = bond_lengths(train, bonds).mean(0)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        Y, S = model.factor(test[:n_test])
+        out = {"test_nll_gram": -model.gram.log_prob(S, Y).mean().item(),
+               "test_nll_jacobian": -log_jacobian_gram(torch.diagonal(S, dim1=-2, dim2=-1),
+                                                       exp.n_points - 1).mean().item()}
+        own = model.factor(test[:n_samples])[0]
+        spans = model.flow.sample(min(n_samples, len(own)), generator=gen)
+        clouds = {"own": model.sample_given(own, gen)}
+        for name, Ys in (("own_bondfit", own), ("model_bondfit", spans)):
+            clouds[name] = model.sample_given(Ys, gen, S=bond_fit(model, Ys, bonds, lengths))
+    for name, X in clouds.items():
+        q = quality(X.numpy(), train, bonds, np.asarray(exp.labels))
+        out |= {f"{name}_bonds_kept": q["bonds_kept"], f"{name}_clashes": q["clash_fraction"]}
+    return out
+
+
 def data_row(path: Path, bonds: np.ndarray, n_test: int) -> dict:
     """The same quality measures on the test conformers themselves (what a model aims at)."""
     exp = shapes.ShapeExperiment(data=str(path))
@@ -142,6 +193,22 @@ def markdown(rows: list[dict]) -> str:
             + ("" if "cpu_minutes" not in r else f"{r['cpu_minutes']:.2f}")
             + f" | {iters} | " + ("" if "params" not in r else f"{r['params']:,}") + " |"
         )
+    parts = [r for r in rows if "own_bondfit_bonds_kept" in r]
+    if parts:
+        lines += ["", "ShapeFlow's parts (`--diagnose`): the test NLL as Grassmann + Gram + "
+                  "Jacobian (the last is the data's); bonds kept / clashes of clouds from the "
+                  "test conformers' own spans with S from the Gram density (the Gram part "
+                  "alone) or with the S that best fits the bond lengths (bond fit), and of the "
+                  "flow's sampled spans with the bond fit (do its spans admit the bonds?).",
+                  "", "| molecule | Grassmann | Gram | Jacobian | own spans, Gram density | "
+                  "own spans, bond fit | model spans, bond fit |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in parts:
+            grassmann = r["test_nll"] - r["test_nll_gram"] - r["test_nll_jacobian"]
+            cells = [f"{r[f'{c}_bonds_kept']:.1%} / {r[f'{c}_clashes']:.1%}"
+                     for c in ("own", "own_bondfit", "model_bondfit")]  # fmt: skip
+            lines.append(f"| {r['molecule']} | {grassmann:.2f} | {r['test_nll_gram']:.2f} | "
+                         f"{r['test_nll_jacobian']:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -160,6 +227,9 @@ def main() -> None:
     p.add_argument("--out", default="results")
     p.add_argument("--smoke", action="store_true",
                    help="tiny: 200 conformers, 0.2 min, 20 test conformers, 100 samples")
+    p.add_argument("--diagnose", action="store_true",
+                   help="add to finished ShapeFlow rows where their nats and broken bonds "
+                        "come from (see diagnose)")
     args = p.parse_args()
     if args.smoke:
         args.n_conformers, args.minutes, args.n_test, args.n_samples, args.n_val = \
@@ -181,6 +251,12 @@ def main() -> None:
         for model, minutes in todo:
             row = {**base, "model": model, "minutes": minutes}
             if key(row) in done:
+                if args.diagnose and model == "shapeflow":
+                    i = next(i for i, r in enumerate(rows) if key(r) == key(row))
+                    rows[i] |= diagnose(runs / name / model, ens.bonds, rows[i]["n_test"],
+                                        args.n_samples)  # fmt: skip
+                    path.write_text(json.dumps(rows, indent=1))
+                    (out / "real_molecules.md").write_text(markdown(rows))
                 continue
             if model == "data":
                 row |= data_row(data, ens.bonds, args.n_samples)

@@ -584,3 +584,16 @@ def test_sample_given_keeps_the_spans(n, d):
     torch.testing.assert_close(Y2 @ Y2.mT, Y @ Y.mT, atol=1e-10, rtol=0)
     torch.testing.assert_close(X.mean(dim=1), torch.zeros(9, d), atol=1e-12, rtol=0)
     assert not torch.allclose(model.factor(X)[1], model.factor(P)[1])  # S is drawn, not copied
+
+
+@pytest.mark.parametrize("n,d", [(4, 2), (6, 3)])
+def test_sample_given_with_the_clouds_own_gram_rebuilds_them(n, d):
+    # catches: a given S used in another frame than factor's (e.g. transposed Cholesky factor
+    # or S taken as a covariance of the whitened points), or S drawn although one was given:
+    # factor's (Y, S) must rebuild each centred cloud up to a rotation, so all pair
+    # distances agree
+    model = make_model(n, d)
+    P = 2.0 * torch.randn(7, n, d, generator=torch.Generator().manual_seed(3))
+    Y, S = model.factor(P)
+    X = model.sample_given(Y, torch.Generator().manual_seed(1), S=S)
+    torch.testing.assert_close(torch.cdist(X, X), torch.cdist(P, P), atol=1e-9, rtol=0)

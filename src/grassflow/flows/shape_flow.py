@@ -254,12 +254,16 @@ class ShapeFlow(nn.Module):
             Y = torch.cat([self.flow.sample(c, generator) for c in _chunks(m, self.chunk_size)])
             return self.sample_given(Y, generator)
 
-    def sample_given(self, Y: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def sample_given(
+        self, Y: Tensor, generator: torch.Generator | None = None, S: Tensor | None = None
+    ) -> Tensor:
         """Centred clouds ``(B, n, d)`` with the given spans ``Y: (B, n - 1, d)`` (orthonormal
-        representatives): S from the Gram density, a Haar-random orientation. With the spans
-        of real clouds this isolates what the Gram density does to the samples."""
+        representatives): S from the Gram density (or the given ``S: (B, d, d)``, SPD, in Y's
+        frame), a Haar-random orientation. With the spans of real clouds this isolates what
+        the Gram density does to the samples."""
         with torch.no_grad():
-            S = self.gram.sample(Y, generator)
+            if S is None:
+                S = self.gram.sample(Y, generator)
             R = random_orthogonal(Y.shape[:-2], self.dim, generator=generator, dtype=Y.dtype,
                                   device=Y.device)  # fmt: skip
             return self.H.to(Y) @ (Y @ torch.linalg.cholesky(S) @ R)
