@@ -206,7 +206,7 @@ def _plot(result: dict, path: Path) -> None:
                         yerr=[p["test_nll_sem"] for p in pts], fmt=STYLES.get(objective, "k.-"),
                         ms=3, capsize=2, label=objective.upper())
         ax.set_xscale("log")
-        ax.set_xlabel("training minutes (2-core CPU)")
+        ax.set_xlabel("training CPU minutes")
         ax.set_title(f"{dataset} on Gr(1,3)", fontsize=10)
     axes[0].set_ylabel("test NLL (nats)")
     axes[0].legend()

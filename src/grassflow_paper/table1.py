@@ -180,7 +180,7 @@ def plot_val_curves(rows: list[dict], path: Path) -> None:
                 ax.plot([m["elapsed"] / 60 for m in recs], [m["val_nll"] for m in recs],
                         color=f"C{i}", alpha=0.8, lw=1, label=f"n = {n:,}" if j == 0 else None)
         ax.set_title(f"{system.upper()}, {protocol}, {mine[0]['manifold']}", fontsize=10)
-        ax.set_xlabel("training minutes (2-core CPU)")
+        ax.set_xlabel("training CPU minutes")
     axes[0].set_ylabel("val NLL (nats)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
