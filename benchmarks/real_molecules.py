@@ -58,7 +58,7 @@ import torch
 from grassflow.data.conformers import cached_ensemble
 from grassflow.distributions.cartesian import log_jacobian_gram
 from grassflow.metrics import bond_lengths, bonds_kept_fraction, closest_pair_fraction, mean_sem
-from grassflow.nn.gram import metric_fit
+from grassflow.nn.gram import DistanceGram, metric_fit
 from grassflow.tasks import shape_runs as shapes
 from grassflow.tasks.run_dir import training_status
 from grassflow.training.threads import set_threads
@@ -135,6 +135,7 @@ def diagnose(run_dir: Path, bonds: np.ndarray, n_test: int, n_samples: int) -> d
     * the Gram and Jacobian parts of the test NLL (the Grassmann part is the rest);
     * ``own``: clouds from the test conformers' own spans with S drawn from the Gram density
       (the Gram part alone);
+    * ``own_centre``: the same spans with the Gram density's centre (pair-distance density);
     * ``own_bondfit``: the same spans with the S that best fits the molecule's bond lengths
       (what a Gram density centred on the bond graph could reach);
     * ``model_bondfit``: the flow's sampled spans with that S (whether its spans admit the
@@ -153,6 +154,11 @@ def diagnose(run_dir: Path, bonds: np.ndarray, n_test: int, n_samples: int) -> d
         own = model.factor(test[:n_samples])[0]
         spans = model.flow.sample(min(n_samples, len(own)), generator=gen)
         clouds = {"own": model.sample_given(own, gen)}
+        if isinstance(model.gram, DistanceGram):  # its centre S*, of the likeliest component
+            L, _, log_pi = model.gram.mixture_params(own)
+            c = log_pi.argmax(-1)[:, None, None, None].expand(-1, 1, *L.shape[-2:])
+            L = L.take_along_dim(c, dim=1).squeeze(1)
+            clouds["own_centre"] = model.sample_given(own, gen, S=L @ L.mT)
         for name, Ys in (("own_bondfit", own), ("model_bondfit", spans)):
             clouds[name] = model.sample_given(Ys, gen, S=bond_fit(model, Ys, bonds, lengths))
     for name, X in clouds.items():
@@ -198,15 +204,16 @@ def markdown(rows: list[dict]) -> str:
         lines += ["", "ShapeFlow's parts (`--diagnose`): the test NLL as Grassmann + Gram + "
                   "Jacobian (the last is the data's); bonds kept / clashes of clouds from the "
                   "test conformers' own spans with S from the Gram density (the Gram part "
-                  "alone) or with the S that best fits the bond lengths (bond fit), and of the "
-                  "flow's sampled spans with the bond fit (do its spans admit the bonds?).",
-                  "", "| molecule | Grassmann | Gram | Jacobian | own spans, Gram density | "
-                  "own spans, bond fit | model spans, bond fit |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "alone), its centre, or the S that best fits the bond lengths (bond fit), "
+                  "and of the flow's sampled spans with the bond fit (do its spans admit the "
+                  "bonds?).", "", "| molecule | Grassmann | Gram | Jacobian | own spans, Gram "
+                  "density | own spans, its centre | own spans, bond fit | model spans, bond "
+                  "fit |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in parts:
             grassmann = r["test_nll"] - r["test_nll_gram"] - r["test_nll_jacobian"]
             cells = [f"{r[f'{c}_bonds_kept']:.1%} / {r[f'{c}_clashes']:.1%}"
-                     for c in ("own", "own_bondfit", "model_bondfit")]  # fmt: skip
+                     for c in ("own", "own_centre", "own_bondfit", "model_bondfit")
+                     if f"{c}_bonds_kept" in r]  # fmt: skip
             lines.append(f"| {r['molecule']} | {grassmann:.2f} | {r['test_nll_gram']:.2f} | "
                          f"{r['test_nll_jacobian']:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
