@@ -597,3 +597,5 @@ def test_sample_given_with_the_clouds_own_gram_rebuilds_them(n, d):
     Y, S = model.factor(P)
     X = model.sample_given(Y, torch.Generator().manual_seed(1), S=S)
     torch.testing.assert_close(torch.cdist(X, X), torch.cdist(P, P), atol=1e-9, rtol=0)
+    with pytest.raises(ValueError, match="S must have shape"):
+        model.sample_given(Y, S=S[:3])

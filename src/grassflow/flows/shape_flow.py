@@ -264,6 +264,9 @@ class ShapeFlow(nn.Module):
         with torch.no_grad():
             if S is None:
                 S = self.gram.sample(Y, generator)
+            elif S.shape != (*Y.shape[:-2], self.dim, self.dim):
+                raise ValueError(f"S must have shape {(*Y.shape[:-2], self.dim, self.dim)} "
+                                 f"for Y of shape {tuple(Y.shape)}, got {tuple(S.shape)}")
             R = random_orthogonal(Y.shape[:-2], self.dim, generator=generator, dtype=Y.dtype,
                                   device=Y.device)  # fmt: skip
             return self.H.to(Y) @ (Y @ torch.linalg.cholesky(S) @ R)
