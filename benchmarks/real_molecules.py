@@ -121,7 +121,7 @@ def bond_fit(model, Y: torch.Tensor, bonds: np.ndarray, lengths: np.ndarray) -> 
     """The metric that best gives the span's bonds their mean data ``lengths`` (least squares
     in S, `grassflow.nn.gram.metric_fit`), lifted to positive definite: ``(B, d, d)``."""
     b = torch.as_tensor(bonds)
-    points = model.gram.graph.points(Y)  # the span's points in the Gram density's convention
+    points = model.H.to(Y) @ Y  # the span's points in Y's frame, as sample_given builds clouds
     d = points[:, b[:, 0]] - points[:, b[:, 1]]
     target = torch.as_tensor(lengths, dtype=d.dtype).square().expand(d.shape[:-1])
     S = metric_fit(d, torch.ones_like(target), target)
