@@ -1,5 +1,23 @@
-import pytest
-import torch
+"""Shared fixtures. One torch thread per test process, set before torch loads.
+
+OpenMP reads ``OMP_NUM_THREADS`` and ``OMP_WAIT_POLICY`` once, when torch first loads it, and
+this file is imported before any test imports grassflow (whose ``__init__`` would set the wait
+policy): spinning threads that wait for each other stall a busy machine (issue 33: 277 s
+against 101 s for ``tests/test_flows.py`` at load 3.8). Tests that set threads themselves
+(``--threads``) restore the count they found.
+"""
+
+import os
+import sys
+
+TORCH_LOADED_BEFORE_CONFTEST = "torch" in sys.modules
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
