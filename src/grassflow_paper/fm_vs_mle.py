@@ -6,7 +6,7 @@ their test NLL is computed afterwards with the exact-divergence ODE, so evaluati
 counted as training time.
 
 Each (dataset, objective) run is an ordinary resumable run directory (see
-`runs.claim_run_dir`) with its snapshots in ``snapshots/<iteration>.pt`` and their
+`run_dir.claim_run_dir`) with its snapshots in ``snapshots/<iteration>.pt`` and their
 test NLLs beside them. A rerun continues an unfinished run from ``last.pt``, trains a
 finished one no further, and a larger budget continues it with snapshots at the new
 budget's marks. ``curve.json`` is reused only if it describes the run as it stands.

@@ -230,7 +230,7 @@ def run(
     """Train (or continue) the models of ``exp`` in ``run_dir``: the ShapeFlow's flow and
     Gram density (`shapes.train_shape_flow`), then the paper's decoder.
 
-    ``run_dir`` must be new or hold the same preset and split (`runs.claim_run_dir`;
+    ``run_dir`` must be new or hold the same preset and split (`run_dir.claim_run_dir`;
     ``flow_minutes`` and ``scale_minutes`` may grow); ``force`` deletes a mismatched one.
     """
     run_dir = Path(run_dir)

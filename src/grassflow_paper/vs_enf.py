@@ -304,7 +304,7 @@ def build_model(exp: ENFExperiment) -> ShapeFlow:
 def run(exp: ENFExperiment, run_dir: str | Path, *, force: bool = False, progress: bool = True,
         data: dict | None = None) -> None:  # fmt: skip
     """Train (or continue) ``exp`` in ``run_dir`` on ``data`` (default its `ENF_SPLITS`).
-    A directory holding another run raises `runs.RunMismatch` (``force``: retrain)."""
+    A directory holding another run raises `run_dir.RunMismatch` (``force``: retrain)."""
     data = load_enf_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
     identity = {"protocol": "vs_enf.ENF_SPLITS", "path": str(data_dir_of(exp.data_dir).resolve()),
                 **data_identity(**{s: data[s] for s in ("train", "val", "test")})}  # fmt: skip

@@ -207,7 +207,7 @@ def run(
 ) -> TrainResult:
     """Train (or resume) one run in ``run_dir``; ``data`` defaults to `load_data`.
 
-    ``run_dir`` must be new or hold the same preset and data (`runs.claim_run_dir`);
+    ``run_dir`` must be new or hold the same preset and data (`run_dir.claim_run_dir`);
     ``force`` deletes a mismatched one instead of raising.
     """
     data = load_data(exp) if data is None else data

@@ -236,7 +236,7 @@ def texture_stream(dataset: str, dtype: torch.dtype):
 def claim(
     exp: TexturesExperiment, run_dir: str | Path, force: bool = False, resume: bool = True
 ) -> dict:
-    """`runs.claim_run_dir` for ``exp``; returns its held-out splits.
+    """`run_dir.claim_run_dir` for ``exp``; returns its held-out splits.
 
     The training stream is generated, so the data's identity is the hash of the held-out
     splits that the same generator draws.
