@@ -26,6 +26,7 @@ from grassflow.training import (
 )
 from grassflow.training import clock as clock_module
 from grassflow.training import loop as loop_module
+from grassflow.training.progress import Progress
 
 DEVICE = os.environ.get("GRASSFLOW_TEST_DEVICE", "cpu")
 
@@ -213,9 +214,9 @@ def test_crash_resume_drops_stale_metrics(tmp_path):
     def crash(iteration, model, record):
         torch.rand(5)  # e.g. pictures: callbacks must not perturb the training RNG
         if iteration == 17:
-            raise KeyboardInterrupt
+            raise RuntimeError("the machine went away")  # (Ctrl-C saves: test_loop_parts)
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(RuntimeError):
         train(Watson(), data, config(checkpoint_every=5), tmp_path / "run", progress=False,
               callback=crash)  # fmt: skip
     path = tmp_path / "run" / "metrics.jsonl"
@@ -394,9 +395,11 @@ def test_progress_bar_counts_the_budget(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "of 0.25 cpu min or the iterations" in err and "it=15/100000" in err
     assert "100%" in err  # the budget's end is the bar's end
-    bar = loop_module._progress_bar(cfg, 7, None, "x", enabled=True)
-    assert bar.total == 100_000 and bar.n == 7
-    bar.close()
+    assert "left=~0 cpu min" in err  # the time left counts down on the budget's clock
+    display = Progress("x")
+    loop_module._start_display(display, cfg, 7, None)
+    assert display.bar.total == 100_000 and display.bar.n == 7
+    display.close()
     # 10 iterations of 1 s against a budget of 15 s: the bar ends full (the budget's share
     # would be 67 %)
     clock = Clock(1.0)

@@ -42,8 +42,10 @@ logger = logging.getLogger(__name__)
 
 # Preset fields that change neither what a run is nor its trajectory: how long one
 # invocation may train, where, and where the data lie (data.json hashes their content).
-_FREE = ("train.budget_minutes", "train.device", "data_dir", "cache_dir", "data",
-         "flow.budget_minutes", "flow.device", "gram.budget_minutes", "gram.device")
+# per-invocation settings: the budget, the device, and what a budget covers
+_FREE = tuple(f"{part}.{key}" for part in ("train", "flow", "gram") for key in
+              ("budget_minutes", "device", "charge_validation", "reserve_validations")) \
+    + ("data_dir", "cache_dir", "data")  # fmt: skip
 KIND_KEY = "kind"
 """The key of ``experiment.json`` that names the run's kind (absent in runs made before it)."""
 

@@ -29,7 +29,7 @@ from .parallel_eval import (
     distributed_transport,
     save_samples,
 )
-from .result import TrainingDiverged, TrainResult
+from .result import TrainingDiverged, TrainingInterrupted, TrainResult
 from .shape_fit import GramTerm, load_shape_flow, train_shape_flow
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainingDiverged",
+    "TrainingInterrupted",
     "atomic_save",
     "checkpoint_path",
     "distributed_log_prob",

@@ -72,6 +72,13 @@ class TrainConfig:
             minutes of ``clock``; None = unlimited. A run stopped by it records so in
             ``last.pt``, and a rerun with the same or a smaller total trains no further,
             whatever the machine's speed; a larger total continues it. Sweeps use this one.
+        charge_validation: validation counts against both budgets, and training stops
+            early enough that the final validation fits too (at the cost of the last one),
+            so a budget bounds training and validation together; a validation that would
+            leave less training time than it takes is then skipped (the final one never is).
+        reserve_validations: with ``charge_validation``, also keep this many validations'
+            worth of the budget free for the caller's work after training (a test
+            evaluation), >= 0.
         clock: what the budgets count: ``"cpu"``, this process's CPU time (all its threads;
             per rank under torchrun), which other jobs on the machine do not change, or
             ``"wall"``, wall-clock time (see `clock`).
@@ -95,6 +102,8 @@ class TrainConfig:
     checkpoint_every: int = 500
     budget_minutes: float | None = None
     total_budget_minutes: float | None = None
+    charge_validation: bool = False
+    reserve_validations: float = 0.0
     clock: str = "cpu"
     device: str = "auto"
     dtype: str = "float32"
@@ -132,6 +141,11 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not (_is_real(value) and value > 0):
                 raise ValueError(f"{name} must be > 0 or None, got {value!r}")
+        if not isinstance(self.charge_validation, bool):
+            raise ValueError(f"charge_validation must be a bool, got {self.charge_validation!r}")
+        if not (_is_real(self.reserve_validations) and self.reserve_validations >= 0):
+            raise ValueError(f"reserve_validations must be >= 0, got "
+                             f"{self.reserve_validations!r}")
         if self.clock not in CLOCKS:
             raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
         if self.dtype not in _DTYPES:

@@ -3,8 +3,10 @@
 A run directory holds ``config.json`` (resolved config), ``last.pt`` (everything needed to
 resume bit-exactly), ``best.pt`` (best validation model) and ``metrics.jsonl``.
 
-Under ``torchrun --nproc_per_node N`` the same call trains data-parallel (see
-`distributed`); rank 0 alone writes the run directory and shows the progress bar.
+The loop itself is the step and the order of things; its parts live beside it: the budget
+clock (`budget`), the validation schedule (`schedule`), the checkpoints (`checkpointer`) and
+the progress line (`progress`). Under ``torchrun --nproc_per_node N`` the same call trains
+data-parallel (see `distributed`); rank 0 alone writes the run directory and shows progress.
 """
 
 from __future__ import annotations
@@ -17,21 +19,24 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from . import distributed as dd
 from .batches import Sampler, check_points, make_batches, model_manifold
-from .checkpoint import atomic_save, write_json
+from .budget import BudgetClock
+from .checkpoint import write_json
+from .checkpointer import Checkpointer
 from .clock import Stopwatch
 from .config import TrainConfig, resolve_device, resolve_dtype
 from .metrics_log import MetricsLog, make_record
 from .objectives import Objective, nll_objective
 from .parallel_eval import distributed_mean_nll
-from .result import TrainingDiverged, TrainResult
+from .progress import Progress, minutes
+from .result import TrainingDiverged, TrainingInterrupted, TrainResult
 from .rng import capture_rng_state, derive_seed, isolated_rng, seed_all
-from .state import TrainState, load_last, make_optimizer, save_last
+from .schedule import ValidationSchedule
+from .state import TrainState, load_last, make_optimizer
 
-__all__ = ["TrainResult", "TrainingDiverged", "train"]
+__all__ = ["TrainResult", "TrainingDiverged", "TrainingInterrupted", "train"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +52,7 @@ def train(
     val_data: Tensor | None = None,
     objective: Objective = nll_objective,
     resume: bool = False,
-    progress: bool = True,
+    progress: bool | Progress = True,
     callback: Callback | None = None,
 ) -> TrainResult:
     """Train ``model`` with Adam on ``objective`` (default: mean NLL), resumably.
@@ -55,7 +60,9 @@ def train(
     The model is moved in place to ``config.device`` / ``config.dtype``. On a fresh run the
     global RNGs are seeded from ``config.seed``; on resume they are restored, so an
     interrupted and resumed run ends with the same parameters as an uninterrupted one
-    (bit-exact on CPU; on GPU as far as the kernels are deterministic).
+    (bit-exact on CPU; on GPU as far as the kernels are deterministic). Ctrl-C between two
+    steps or during one saves ``last.pt`` as of the last finished step and raises
+    `TrainingInterrupted`, whose message says what was saved.
 
     Launched by torchrun with N processes, it trains data-parallel (DistributedDataParallel):
     each rank takes ``batch_size / N`` points of the same global batch, draws its own noise
@@ -73,13 +80,17 @@ def train(
             ``sampler(n, generator: torch.Generator) -> (n, D, k)`` for an infinite stream.
         config: optimizer, schedule and bookkeeping settings.
         run_dir: run directory, created if missing.
-        val_data: validation points ``(M, D, k)``; the NLL is evaluated every
-            ``config.val_every`` iterations and at the end, and the best model is ``best.pt``.
+        val_data: validation points ``(M, D, k)``; the NLL is evaluated at the times of
+            `ValidationSchedule` and at the end, and the best model is ``best.pt``. With
+            ``config.charge_validation`` its time counts against the budgets, the final
+            validation is kept within them, and a validation that would leave less training
+            time than it takes is skipped.
         objective: ``objective(model, batch) -> (loss, stats)``.
         resume: continue from ``run_dir/last.pt`` if it exists. Fields that change the
             trajectory (``TRAJECTORY_FIELDS``) must equal the checkpoint's; ``iterations``,
             logging, budget and device may change.
-        progress: show a tqdm bar with loss, NFE, lr and ETA.
+        progress: show a progress line with loss, NFE, lr and the budget left; or a
+            `Progress` that the caller shares between the phases of a command.
         callback: ``callback(iteration, model, record)`` after each metrics line (e.g. to
             draw pictures); it runs with isolated RNG so it cannot perturb training.
 
@@ -88,6 +99,7 @@ def train(
 
     Raises:
         TrainingDiverged: non-finite loss, gradient or parameters; nothing bad is saved.
+        TrainingInterrupted: Ctrl-C (a ``KeyboardInterrupt``); the message says what was saved.
         FileExistsError: ``run_dir`` already holds ``last.pt`` and ``resume`` is False.
         ValueError: bad data, a resumed config that changes the trajectory, or a
             ``batch_size`` that the number of processes does not divide.
@@ -128,21 +140,13 @@ def train(
         write_json(config.replace(device=str(device)).to_dict(), run_dir / "config.json")
         metrics = MetricsLog(run_dir / "metrics.jsonl", keep_until=state.iteration)
     kind, threads = config.clock, torch.get_num_threads()
-    start_iteration, start_s = state.iteration, state.train.seconds(kind)
-    budget_s, by_total = _invocation_limit(config, state)
-    val_period_s = None if config.val_every_minutes is None else 60.0 * config.val_every_minutes
-    synced = None  # with several ranks: the slowest rank's training seconds since start_s
-    sync_clock = parallel and (budget_s is not None or val_period_s is not None)
-    # time-based validation waits val_period_s of training after the last one, or as long
-    # as that one took if longer: validation then never takes more than half the time
-    last_val_s, val_wait_s = start_s, val_period_s
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-
-    def since_start() -> float:
-        return state.train.seconds(kind) - start_s if synced is None else synced
-
-    def elapsed() -> float:  # training seconds of the run on the budget clock
-        return start_s + since_start()
+    timed = config.budget_minutes is not None or config.total_budget_minutes is not None \
+        or config.val_every_minutes is not None  # fmt: skip
+    budget = BudgetClock(config, state, dd.max_over_ranks if parallel and timed else None)
+    schedule = ValidationSchedule(config, budget.elapsed())
+    saver = Checkpointer(run_dir, config, model, optimizer, scheduler, stream, write=main,
+                         gather_rng=(lambda: dd.all_gather_objects(capture_rng_state()))
+                         if parallel else None)  # fmt: skip
 
     def result(stopped: str, message: str) -> TrainResult:
         return TrainResult(
@@ -151,7 +155,7 @@ def train(
             best_val=state.best_val,
             best_iteration=state.best_iteration,
             stopped=stopped,
-            elapsed=elapsed(),
+            elapsed=budget.elapsed(),
             run_dir=run_dir,
             cpu_seconds=state.train.seconds("cpu"),
             wall_seconds=state.train.seconds("wall"),
@@ -173,54 +177,49 @@ def train(
         logger.error(msg)
         return TrainingDiverged(msg, result("diverged", msg))
 
-    def checkpoint() -> None:
-        if state.saved_iteration == state.iteration:
-            return
-        if not all(bool(torch.isfinite(p).all()) for p in params):
+    def checkpoint(rng: dict | None = None) -> None:
+        if not saver.save_last(state, rng):
             raise diverged("parameters", float("nan"), state.iteration)
-        rng_ranks = dd.all_gather_objects(capture_rng_state()) if parallel else None
-        if main:
-            save_last(last_path, state, config, model, optimizer, scheduler, stream, rng_ranks)
-        state.saved_iteration = state.iteration
 
     def validate(done: int) -> float:
-        nonlocal last_val_s, val_wait_s
         start = state.val.seconds(kind)
-        with paused(state.train), state.val, isolated_rng(
-            derive_seed(config.seed, "validation"), device
-        ):
+        with paused(state.train), state.val, display.blocking(
+            f"validating {len(val_data)}", schedule.last_cost
+        ), isolated_rng(derive_seed(config.seed, "validation"), device):
             val_nll = distributed_mean_nll(model, val_data, config.batch_size)
         cost = state.val.seconds(kind) - start
-        if sync_clock:
-            cost = dd.max_over_ranks(cost)
-        last_val_s = elapsed()
-        if val_period_s is not None:
-            val_wait_s = max(val_period_s, cost)
+        if budget.sync is not None:
+            cost = budget.sync(cost)
+        budget.add_validation(cost)
+        schedule.done(cost, budget.elapsed())
         if not math.isfinite(val_nll):  # a model that gives up on held-out data has diverged
             raise diverged("validation NLL", val_nll, done)
         if state.best_val is None or val_nll < state.best_val:
             state.best_val, state.best_iteration = val_nll, done
-            best = {"model": model.state_dict(), "iteration": done, "val_nll": val_nll}
-            if main:
-                atomic_save({**best, "config": config.to_dict()}, run_dir / "best.pt")
+            saver.save_best(done, val_nll)
         return val_nll
 
     limit = math.inf if config.iterations is None else config.iterations
     of_limit = "" if config.iterations is None else f"/{config.iterations}"
-    if budget_s is not None and budget_s <= 0 and state.iteration < limit:
+    if budget.exhausted() and state.iteration < limit:
         message = (
             f"total budget of {config.total_budget_minutes:g} min already spent "
-            f"({elapsed() / 60:.2f} {kind} min, {state.iteration} iterations): nothing to train; "
-            "raise total_budget_minutes to continue"
+            f"({budget.elapsed() / 60:.2f} {kind} min, {state.iteration} iterations): nothing "
+            "to train; raise total_budget_minutes to continue"
         )
         logger.info(message)
         return result("budget", message)
     state.spent_total_budget = None  # set again if this invocation's total budget runs out
-    bar = _progress_bar(config, state.iteration, budget_s, run_dir.name, progress and main)
+    display = progress if isinstance(progress, Progress) \
+        else Progress(run_dir.name, enabled=progress, kind=kind)  # fmt: skip
+    display.enabled = display.enabled and main
+    _start_display(display, config, state.iteration, budget.limit_s)
     stopped, message = "done", ""
+    step_rng, updating = None, False  # the RNG at the start of an unfinished step
     state.train.start()
     try:
         while state.iteration < limit:
+            step_rng = capture_rng_state() if step is None else None
             batch = stream.batch(state.iteration)
             optimizer.zero_grad(set_to_none=True)
             if step is None:
@@ -234,35 +233,27 @@ def train(
                 raise diverged("loss", loss_value, state.iteration + 1)
             max_norm = math.inf if config.grad_clip is None else config.grad_clip
             # returns the norm before clipping, which is what we log
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(saver.params, max_norm))
             if not math.isfinite(grad_norm):
                 raise diverged("gradient norm", grad_norm, state.iteration + 1)
             lr = optimizer.param_groups[0]["lr"]
+            updating = True  # an interrupt here leaves a half-updated model: not saved
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
             state.iteration += 1
             state.last_loss = loss_value
+            updating, step_rng = False, None
             done, last = state.iteration, state.iteration == limit
-            if sync_clock:  # time-based decisions must agree, or the ranks part ways
-                synced = dd.max_over_ranks(state.train.seconds(kind) - start_s)
+            budget.tick()
 
-            # stop if one more step, at the mean pace, would overrun the budget
-            out_of_budget = (
-                budget_s is not None
-                and not last
-                and since_start() * (1 + 1 / (done - start_iteration)) > budget_s
-            )
+            out_of_budget = not last and budget.out_of_budget(schedule.last_cost)
             final = last or out_of_budget  # always log and validate the final iteration
             log_due = done % config.log_every == 0 or final
-            val_due = val_data is not None and (
-                final
-                or (config.val_every is not None and done % config.val_every == 0)
-                or (val_wait_s is not None and elapsed() - last_val_s >= val_wait_s)
-                or _is_doubling(done, config.val_doubling_from)
-            )
+            val_due = val_data is not None and schedule.due(done, final, budget.elapsed()) \
+                and (final or budget.affords_validation(schedule.last_cost))  # fmt: skip
             if log_due or val_due:
-                record = make_record(done, loss_value, stats, lr, grad_norm, elapsed())
+                record = make_record(done, loss_value, stats, lr, grad_norm, budget.elapsed())
                 record["cpu_s"] = state.train.seconds("cpu")
                 record["wall_s"] = state.train.seconds("wall")
                 if val_due:
@@ -276,91 +267,95 @@ def train(
                         derive_seed(config.seed, "callback", done), device
                     ):
                         callback(done, model, record)
-            if budget_s is None:
-                bar.update(1)
-            else:  # the share of the budget or of the iterations done, whichever is ahead
-                share = max(since_start() / max(budget_s, 1e-9),
-                            (done - start_iteration) / (limit - start_iteration))
-                bar.update(min(1000.0, 1000.0 * share) - bar.n)
-            postfix = _postfix(loss_value, stats, lr, state.best_val)
-            if budget_s is not None:
-                postfix = {"it": f"{done}{of_limit}", **postfix}
-            bar.set_postfix(postfix, refresh=False)
+            _show(display, budget, config, done, loss_value, stats, lr, state.best_val)
             if out_of_budget:
                 # recorded in last.pt, so a rerun with the same total does not train again
-                state.spent_total_budget = config.total_budget_minutes if by_total else None
+                state.spent_total_budget = config.total_budget_minutes if budget.by_total \
+                    else None  # fmt: skip
             if done % config.checkpoint_every == 0 or final:
                 checkpoint()
             if out_of_budget:
                 stopped = "budget"
-                which = (f"total budget of {config.total_budget_minutes:g}" if by_total
+                which = (f"total budget of {config.total_budget_minutes:g}" if budget.by_total
                          else f"budget of {config.budget_minutes:g}")  # fmt: skip
                 message = (
                     f"{which} {kind} min reached at iteration {done}{of_limit} "
-                    f"({elapsed() / 60:.2f} {kind} min trained, {threads} thread(s)); "
+                    f"({budget.elapsed() / 60:.2f} {kind} min trained, {threads} thread(s)); "
                     f"saved {last_path}; "
                     "rerun with resume=True (and a larger budget) to continue"
                 )
                 break
         else:
             message = f"done: {state.iteration}{of_limit} iterations"
+    except KeyboardInterrupt as interrupt:
+        state.train.stop()
+        display.close()
+        raise _interrupted(state, checkpoint, step_rng, updating or parallel,
+                           last_path) from interrupt  # fmt: skip
     finally:
         state.train.stop()
-        bar.close()
+        if not isinstance(progress, Progress):  # a shared line is the caller's to close
+            display.close()
     dd.barrier()  # rank 0's files are complete when train returns on any rank
-    if progress and main:
-        tqdm.write(message)
+    display.write(message)
     logger.info(message)
     return result(stopped, message)
 
 
-def _invocation_limit(config: TrainConfig, state: TrainState) -> tuple[float | None, bool]:
-    """Seconds this invocation may train (None: unlimited) and whether the run's total
-    budget, rather than the per-invocation one, sets that limit."""
-    budget_s = None if config.budget_minutes is None else 60.0 * config.budget_minutes
-    total = config.total_budget_minutes
-    if total is None:
-        return budget_s, False
-    spent = state.spent_total_budget is not None and total <= state.spent_total_budget
-    left_s = 0.0 if spent else 60.0 * total - state.train.seconds(config.clock)
-    if budget_s is not None and budget_s < left_s:
-        return budget_s, False
-    return left_s, True
+def _interrupted(state: TrainState, checkpoint, step_rng, unsafe: bool,
+                 last_path: Path) -> TrainingInterrupted:  # fmt: skip
+    """Save what Ctrl-C left (the last finished step, with the RNG of the step that was cut
+    short, so a resumed run goes on as an uninterrupted one would) and say so."""
+    saved = False
+    if not unsafe:
+        try:
+            checkpoint(step_rng)
+            saved = True
+        except TrainingDiverged:
+            pass
+    if saved or state.saved_iteration is not None:
+        what = f"saved {last_path} at iteration {state.saved_iteration}"
+    else:
+        what = "nothing saved yet"
+    return TrainingInterrupted(f"interrupted: {what}", last_path, state.saved_iteration)
 
 
-def _progress_bar(
-    config: TrainConfig, iteration: int, limit_s: float | None, name: str, enabled: bool
-) -> tqdm:
-    """Counts iterations; when a budget bounds the run, the share (in permille) of
-    the budget or of the iterations done, whichever is ahead, so that the ETA is the end of
-    whichever comes first rather than that of ``config.iterations`` alone."""
-    common = {"disable": not enabled, "desc": name, "dynamic_ncols": True}
+def _start_display(display: Progress, config: TrainConfig, iteration: int,
+                   limit_s: float | None) -> None:  # fmt: skip
+    """A count of iterations; when a budget bounds the run, the share (in permille) of
+    the budget or of the iterations done, whichever is ahead, so that the bar ends when
+    whichever comes first ends."""
     if limit_s is None:  # iterations is set: train() refuses None without a budget
-        return tqdm(total=config.iterations, initial=iteration, **common)
-    budget = f"{limit_s / 60:.3g} {config.clock} min"
+        display.start("training", config.iterations, bar_text=f"{{n_fmt}}/{{total_fmt}} it ")
+        display.update(iteration)
+        return
+    text = f"of {minutes(limit_s)} {config.clock} min"
     if config.iterations is not None:
-        budget += " or the iterations"
-    return tqdm(
-        total=1000.0,
-        bar_format="{desc}: {percentage:3.0f}%|{bar}| of " + budget + " "
-        "[{elapsed}<{remaining}{postfix}]",
-        **common,
-    )
+        text += " or the iterations"
+    display.start("training", 1000.0, bar_text=text + " ")
 
 
-def _is_doubling(iteration: int, start: int | None) -> bool:
-    """Whether ``iteration`` is ``start * 2^j`` for some j >= 0."""
-    if start is None or iteration % start:
-        return False
-    q = iteration // start
-    return q & (q - 1) == 0
-
-
-def _postfix(loss: float, stats: dict, lr: float, best_val: float | None) -> dict[str, str]:
-    postfix = {"loss": f"{loss:.4f}", "nfe": str(stats.get("nfe", "-")), "lr": f"{lr:.1e}"}
+def _show(display: Progress, budget: BudgetClock, config: TrainConfig, done: int, loss: float,
+          stats: dict, lr: float, best_val: float | None) -> None:  # fmt: skip
+    """Move the line to ``done`` iterations, with the step's numbers and the time left."""
+    if not display.enabled:
+        return
+    steps = done - budget.start_iteration
+    limit = math.inf if config.iterations is None else config.iterations
+    share = max(budget.share(), steps / (limit - budget.start_iteration))
+    postfix = {}
+    if budget.limit_s is not None:
+        postfix["it"] = f"{done}" + ("" if config.iterations is None else f"/{config.iterations}")
+    postfix.update(loss=f"{loss:.4f}", nfe=str(stats.get("nfe", "-")), lr=f"{lr:.1e}")
     if best_val is not None:
         postfix["best_val"] = f"{best_val:.4f}"
-    return postfix
+    left = budget.spent() * (1 / share - 1) if share > 0 else math.inf
+    if math.isfinite(left):
+        postfix["left"] = f"~{minutes(left)} {budget.kind} min"
+    if budget.limit_s is None:
+        display.update(done, postfix)
+    else:
+        display.update(min(1000.0, 1000.0 * share), postfix)
 
 
 @contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TrainResult", "TrainingDiverged"]
+__all__ = ["TrainResult", "TrainingDiverged", "TrainingInterrupted"]
 
 
 @dataclass
@@ -54,3 +54,17 @@ class TrainingDiverged(RuntimeError):
     def __init__(self, message: str, result: TrainResult):
         super().__init__(message)
         self.result = result
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped ``train``; ``last.pt`` holds the last finished step when it could be
+    saved (not mid-update, nor under torchrun), and resuming goes on from there.
+
+    Attributes:
+        last_path: the run's ``last.pt``.
+        iteration: the iteration it holds (None: nothing saved yet).
+    """
+
+    def __init__(self, message: str, last_path: Path, iteration: int | None):
+        super().__init__(message)
+        self.last_path, self.iteration = last_path, iteration

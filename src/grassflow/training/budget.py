@@ -1,0 +1,119 @@
+"""The budget clock of one ``train`` call: what the run has spent, what this invocation may
+spend, and whether one more step still fits.
+
+The charged seconds are training's on ``config.clock``, plus validation's when
+``config.charge_validation`` is set (a command whose ``--minutes`` bounds all its work). The
+limit of an invocation is its own ``budget_minutes`` or what is left of the run's
+``total_budget_minutes``, whichever is smaller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .config import TrainConfig
+from .state import TrainState
+
+__all__ = ["BudgetClock", "invocation_limit"]
+
+
+def charged_seconds(config: TrainConfig, state: TrainState) -> float:
+    """Seconds of the run (all invocations) charged to its budgets."""
+    spent = state.train.seconds(config.clock)
+    if config.charge_validation:
+        spent += state.val.seconds(config.clock)
+    return spent
+
+
+def invocation_limit(config: TrainConfig, state: TrainState) -> tuple[float | None, bool]:
+    """Seconds this invocation may spend (None: unlimited) and whether the run's total
+    budget, rather than the per-invocation one, sets that limit."""
+    budget_s = None if config.budget_minutes is None else 60.0 * config.budget_minutes
+    total = config.total_budget_minutes
+    if total is None:
+        return budget_s, False
+    spent = state.spent_total_budget is not None and total <= state.spent_total_budget
+    left_s = 0.0 if spent else 60.0 * total - charged_seconds(config, state)
+    if budget_s is not None and budget_s < left_s:
+        return budget_s, False
+    return left_s, True
+
+
+class BudgetClock:
+    """Training (and charged validation) seconds since this invocation started, against its
+    limit.
+
+    Args:
+        config: the run's configuration (``clock``, budgets, ``charge_validation``,
+            ``reserve_validations``).
+        state: the run's counters; its ``train`` stopwatch runs while the loop trains.
+        sync: with several ranks, the maximum of a value over them; time-based decisions
+            must agree on every rank, or the ranks part ways. None: one process.
+    """
+
+    def __init__(self, config: TrainConfig, state: TrainState,
+                 sync: Callable[[float], float] | None = None):  # fmt: skip
+        self.kind, self.state, self.sync = config.clock, state, sync
+        self.charge_validation = config.charge_validation
+        self.reserve_validations = config.reserve_validations
+        self.limit_s, self.by_total = invocation_limit(config, state)
+        self.start_iteration = state.iteration
+        self.start_s = state.train.seconds(self.kind)
+        self.validation_s = 0.0  # validation seconds of this invocation (the slowest rank's)
+        self._synced: float | None = None
+
+    def tick(self) -> None:
+        """Agree on the training seconds across ranks (once per step; no-op alone)."""
+        if self.sync is not None:
+            self._synced = self.sync(self.state.train.seconds(self.kind) - self.start_s)
+
+    def trained(self) -> float:
+        """Training seconds of this invocation."""
+        if self._synced is not None:
+            return self._synced
+        return self.state.train.seconds(self.kind) - self.start_s
+
+    def elapsed(self) -> float:
+        """Training seconds of the run on the budget clock (what metrics lines record)."""
+        return self.start_s + self.trained()
+
+    def spent(self) -> float:
+        """Seconds of this invocation charged to its limit."""
+        return self.trained() + (self.validation_s if self.charge_validation else 0.0)
+
+    def add_validation(self, seconds: float) -> None:
+        self.validation_s += seconds
+
+    def reserve(self, validation_cost: float | None) -> float:
+        """Seconds kept free for the final validation and the work after training
+        (``reserve_validations`` validations' worth), when validation is charged."""
+        if not self.charge_validation or validation_cost is None:
+            return 0.0
+        return (1.0 + self.reserve_validations) * validation_cost
+
+    def exhausted(self) -> bool:
+        """No time left before the first step (a total budget spent by earlier runs)."""
+        return self.limit_s is not None and self.limit_s <= 0
+
+    def out_of_budget(self, validation_cost: float | None = None) -> bool:
+        """Whether one more step, at the mean pace so far, would overrun the limit."""
+        if self.limit_s is None:
+            return False
+        steps = self.state.iteration - self.start_iteration
+        other = self.spent() - self.trained() + self.reserve(validation_cost)
+        return self.trained() * (1 + 1 / steps) + other > self.limit_s
+
+    def affords_validation(self, cost: float | None) -> bool:
+        """Whether a validation that is not the final one leaves at least as much time for
+        training as it takes (always, unless validation is charged and the time is short)."""
+        if cost is None or not self.charge_validation or self.limit_s is None:
+            return True
+        return self.limit_s - self.spent() - self.reserve(cost) >= 2 * cost
+
+    def share(self) -> float:
+        """The share of the limit spent (0 without a limit)."""
+        return 0.0 if self.limit_s is None else self.spent() / max(self.limit_s, 1e-9)
+
+    def left(self) -> float | None:
+        """Seconds of the limit left (None without a limit)."""
+        return None if self.limit_s is None else max(0.0, self.limit_s - self.spent())
