@@ -7,7 +7,14 @@ import warnings
 import numpy as np
 import pytest
 
-from grassflow.data.point_clouds import ELEMENTS, PointClouds, load_point_clouds, write_xyz
+from grassflow.data.point_clouds import (
+    ELEMENTS,
+    PointClouds,
+    element_symbol,
+    load_point_clouds,
+    save_clouds,
+    write_xyz,
+)
 
 
 def clouds(N: int = 4, n: int = 6, d: int = 3, seed: int = 0) -> np.ndarray:
@@ -347,3 +354,86 @@ def test_rtol_controls_skipping(tmp_path):
         assert len(load_point_clouds(tmp_path / "flat.npy", rtol=1e-3).sources) == 1
     with pytest.raises(ValueError, match="rtol"):
         load_point_clouds(tmp_path / "flat.npy", rtol=-1.0)
+
+
+# --- labels beside a .npy, element symbols, the 2-D hint (issue 33, item 5) ---------------------
+
+
+# Catches: a .npy reading no labels although shapes_Z.npy lies beside it (the issue's bug), or
+# (N, n) per-cloud labels broadcast or reordered.
+@pytest.mark.parametrize("per_cloud", [False, True])
+def test_npy_labels_from_z_file(tmp_path, per_cloud):
+    P = clouds(N=4, n=6)
+    Z = np.array([6, 6, 8, 1, 1, 1])
+    if per_cloud:
+        Z = np.stack([np.roll(Z, i) for i in range(4)])
+    np.save(tmp_path / "shapes.npy", P)
+    np.save(tmp_path / "shapes_Z.npy", Z)
+    pc = load_point_clouds(tmp_path / "shapes.npy")
+    assert pc.labels.dtype == np.int64 and pc.labels.shape == (4, 6)
+    np.testing.assert_array_equal(pc.labels, np.broadcast_to(Z, (4, 6)))
+    assert pc.labels_from == "shapes_Z.npy"
+    # no _Z file: no labels; another file's _Z is not taken
+    np.save(tmp_path / "other.npy", P)
+    assert load_point_clouds(tmp_path / "other.npy").labels is None
+
+
+# Catches: a _Z.npy of the wrong shape silently broadcast, truncated or ignored, or reported
+# without naming the labels file.
+@pytest.mark.parametrize("bad", [np.arange(5), np.ones((3, 6), int), np.full(6, 1.5)])
+def test_npy_labels_bad_shape_or_dtype(tmp_path, bad):
+    np.save(tmp_path / "shapes.npy", clouds(N=4, n=6))
+    np.save(tmp_path / "shapes_Z.npy", bad)
+    with pytest.raises(ValueError, match=r"shapes_Z\.npy.*labels of shapes\.npy.*(fit|integers)"):
+        load_point_clouds(tmp_path / "shapes.npy")
+
+
+# Catches: labels kept for the wrong clouds when a rank-deficient cloud is dropped.
+def test_npy_labels_follow_skipped_clouds(tmp_path):
+    P = clouds(N=3, n=6)
+    P[1] = np.outer(np.arange(6.0), [1.0, 2.0, 3.0])  # collinear
+    Z = np.arange(18).reshape(3, 6) + 1
+    np.save(tmp_path / "s.npy", P)
+    np.save(tmp_path / "s_Z.npy", Z)
+    with pytest.warns(UserWarning, match="rank-deficient"):
+        pc = load_point_clouds(tmp_path / "s.npy")
+    np.testing.assert_array_equal(pc.labels, Z[[0, 2]])
+
+
+# Catches: atomic numbers written as "X" (the issue: every atom was X), or labels that are not
+# atomic numbers collapsed to X so that they no longer read back as written.
+def test_write_xyz_element_symbols_and_fallback(tmp_path):
+    P = clouds(N=2, n=6)
+    Z = np.array([[6, 1, 8, 17, 26, 79], [0, 118, -1, 200, 7, 1]])
+    write_xyz(tmp_path / "z.xyz", P, Z, "made by a test")
+    lines = (tmp_path / "z.xyz").read_text().splitlines()
+    assert lines[1] == "made by a test"
+    assert [ln.split()[0] for ln in lines[2:8]] == ["C", "H", "O", "Cl", "Fe", "Au"]
+    assert [ln.split()[0] for ln in lines[10:16]] == ["X", "Og", "-1", "200", "N", "H"]
+    back = load_point_clouds(tmp_path / "z.xyz")
+    np.testing.assert_array_equal(back.labels, Z)
+    assert back.labels_from == "xyz element symbols"
+    assert element_symbol(53) == "I" and ELEMENTS["Xe"] == 54 and ELEMENTS["U"] == 92
+
+
+# Catches: save_clouds still writing "grassflow ShapeFlow sample" whatever drew the clouds,
+# or dropping the labels, so that the written .npy reads back without them.
+def test_save_clouds_comment_and_labels(tmp_path):
+    X, Z = clouds(N=3, n=5), np.array([6, 8, 1, 1, 1])
+    written = save_clouds(X, tmp_path / "gen.npy", Z, "grassflow EquivariantCNF sample")
+    assert [p.name for p in written] == ["gen.npy", "gen_Z.npy", "gen.xyz"]
+    text = (tmp_path / "gen.xyz").read_text().splitlines()
+    assert text[1] == "grassflow EquivariantCNF sample" and text[2].split()[0] == "C"
+    for path in (tmp_path / "gen.npy", tmp_path / "gen.xyz"):
+        np.testing.assert_array_equal(load_point_clouds(path).labels, np.broadcast_to(Z, (3, 5)))
+
+
+# Catches: the (N, n) hint saying only "one cloud? add a leading axis", wrong when the array
+# holds N clouds with their coordinate axis missing or flattened (issue 33).
+def test_two_d_hint_names_both_readings(tmp_path):
+    np.save(tmp_path / "flat.npy", clouds(N=40, n=5).reshape(40, 15))
+    with pytest.raises(ValueError) as info:
+        load_point_clouds(tmp_path / "flat.npy")
+    msg = str(info.value)
+    assert "one cloud of 40 points in 15-D" in msg and "P[None]" in msg
+    assert "40 clouds" in msg and "P[..., None]" in msg and "P.reshape(40, 5, 3)" in msg

@@ -174,3 +174,47 @@ def test_presets_saved_before_the_gram_option_mean_wisharts(tmp_path):
     new = shapes.ShapeExperiment(data="c.npy", potential="graph", n_points=4, dim=2)
     with pytest.raises(RunMismatch, match="gram_density"):
         claim_run_dir(run, new.to_dict(), {}, **kw)
+
+
+def test_split_option_parses_and_reaches_the_split(data_file, capsys):
+    # catches: --split parsed as (test, val) instead of (val, test), not passed through
+    # `_shape_experiment` (the default 10 %/10 % used anyway), or bad input accepted
+    from grassflow.cli import build_parser, main
+    from grassflow.cli.run_commands import _shape_experiment
+
+    path, _ = data_file
+    parser = build_parser()
+    argv = ["train", "--run-dir", "r", "--data", str(path)]
+    exp = _shape_experiment(parser.parse_args([*argv, "--split", "0.2,0.05"]))
+    assert (exp.val_fraction, exp.test_fraction) == (0.2, 0.05)
+    s = shapes.load_clouds(exp)
+    assert [len(s[k]) for k in ("train", "val", "test")] == [30, 8, 2]
+    default = _shape_experiment(parser.parse_args(argv))
+    assert (default.val_fraction, default.test_fraction) == (0.1, 0.1)
+    for bad, why in (("0.1", "VAL,TEST"), ("a,b", "VAL,TEST"), ("0.5,0.5", "sum < 1"),
+                     ("0,0.1", "in \\(0, 1\\)"), ("0.1,0.1,0.1", "VAL,TEST")):  # fmt: skip
+        with pytest.raises(SystemExit) as info:  # argparse's usage error
+            main([*argv, "--split", bad])
+        err = capsys.readouterr().err
+        assert info.value.code == 2
+        assert "--split" in err and why.replace("\\", "") in err, (bad, err)
+
+
+def test_run_prints_the_split_and_the_labels(data_file, tmp_path, monkeypatch, capsys):
+    # catches: a silent split (issue 33): counts, fractions and seed not printed when training
+    # starts, or printed for other fractions than those used; labels of shapes_Z.npy unnamed
+    path, _ = data_file
+    monkeypatch.setattr(shapes, "train_shape_flow", lambda *a, **k: None)
+    exp = shapes.ShapeExperiment(data=str(path), val_fraction=0.25, test_fraction=0.125,
+                                 split_seed=3)  # fmt: skip
+    shapes.run(exp, tmp_path / "run", progress=False)
+    out = capsys.readouterr().out
+    assert "40 clouds of 4 points in 2-D" in out and "seed 3" in out
+    assert "--split 0.25,0.125" in out and "25 train, 10 val, 5 test" in out
+    assert "labels: none" in out and "clouds_Z.npy" in out  # how to give them
+    np.save(path.with_name("clouds_Z.npy"), np.array([6, 1, 1, 8]))
+    shapes.run(exp, tmp_path / "run2", progress=False)
+    out = capsys.readouterr().out
+    assert "C H2O, from clouds_Z.npy".replace(" ", "") in out.replace(" ", "")
+    s = shapes.load_clouds(exp)
+    assert s["labels"] == (6, 1, 1, 8) and s["labels_from"] == "clouds_Z.npy"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from pathlib import Path
 
@@ -70,6 +71,8 @@ def _shape_experiment(args):
                                  gram_components=args.gram_components,
                                  prior=args.prior or "uniform",
                                  objective=args.objective or "fm")  # fmt: skip
+    if args.split is not None:  # (val, test) fractions; the default stays the preset's
+        exp = dataclasses.replace(exp, val_fraction=args.split[0], test_fraction=args.split[1])
     changes = {k: getattr(args, k) for k in ("atol", "rtol") if getattr(args, k) is not None}
     exp = dataclasses.replace(exp, **changes)
     exp.flow = exp.flow.replace(**{k: v for k, v in flow.items() if v is not None})
@@ -111,9 +114,28 @@ def _run_kind(run_dir: str):
 
 
 def cmd_eval(args) -> None:
+    if args.data is not None:  # a user's held-out file, beside eval.json (which stays)
+        from ..tasks.registry import evaluate_on_data
+
+        print(evaluate_on_data(args.run_dir, args.data, args.key, args.n_samples, args.seed))
+        return
     _, run_kind = _run_kind(args.run_dir)
     print(run_kind.evaluate(Path(args.run_dir), args.n_samples, args.seed))
     print(f"wrote {Path(args.run_dir) / 'eval.json'}")
+
+
+def _split_fractions(text: str) -> tuple[float, float]:
+    """``--split VAL,TEST``: two fractions in (0, 1) with a sum < 1, e.g. ``0.1,0.1``."""
+    parts = text.replace(" ", "").split(",")
+    try:
+        val, test = (float(x) for x in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected VAL,TEST: two fractions such as 0.1,0.1, got {text!r}") from None
+    if not (0 < val < 1 and 0 < test < 1 and val + test < 1):
+        raise argparse.ArgumentTypeError(
+            f"VAL and TEST must each be in (0, 1) with a sum < 1 (the rest trains), got {text!r}")
+    return val, test
 
 
 def cmd_sample(args) -> None:
@@ -161,7 +183,13 @@ def add_commands(sub) -> None:
     add_texture_preset(p)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/last.pt")
     g = p.add_argument_group("your own point clouds (a ShapeFlow; --dataset is then ignored)")
-    g.add_argument("--data", help="an (N, n, d) .npy, an .npz, or a folder of .xyz files")
+    g.add_argument("--data", help="an (N, n, d) .npy (labels, e.g. atomic numbers, from "
+                                  "NAME_Z.npy beside it: (n,) shared or (N, n)), an .npz "
+                                  "('positions', optional 'labels'), or a folder of .xyz files "
+                                  "(labels from their element symbols)")  # fmt: skip
+    g.add_argument("--split", type=_split_fractions, metavar="VAL,TEST",
+                   help="fractions of the clouds held out for validation and for test (what "
+                        "`eval` scores), at random (seed 0); default 0.1,0.1")  # fmt: skip
     g.add_argument("--key", help="the array's name in an .npz")
     g.add_argument("--model", default="shapeflow", choices=("shapeflow", "equivariant-cnf"),
                    help="ours (default), or the equivariant flow-matching CNF baseline (EFM: "
@@ -187,11 +215,17 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("eval", help="test NLL and MMD of a trained run")
     p.add_argument("run_dir")
+    p.add_argument("--data", help="score the clouds of this file (as `train --data` reads) "
+                                  "instead of the run's test split; writes eval_NAME.json, "
+                                  "not eval.json (runs of `train --data` only)")  # fmt: skip
+    p.add_argument("--key", help="the array's name in an .npz given to --data")
     p.add_argument("--n-samples", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("sample", help="draw samples and their log-densities to a .npz file")
+    p = sub.add_parser("sample", help="draw samples and their log-densities to a .npz file "
+                                      "(runs of `train --data`: .npy, and .xyz with element "
+                                      "symbols for 3-D clouds)")  # fmt: skip
     p.add_argument("run_dir")
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--out", default="samples.npz")

@@ -6,9 +6,15 @@ points and full rank ``d`` after centring. `load_point_clouds` reads the clouds,
 them (one shape, numeric, finite, enough points) and skips, with a note and one warning, the
 rank-deficient ones (collinear points in 3-D, say). Positions are returned as read, not centred.
 
+Per-point labels (atom types, as atomic numbers) come from the element symbols of ``.xyz``
+frames, from a ``labels`` array in an ``.npz``, or, for ``shapes.npy``, from ``shapes_Z.npy``
+beside it; either ``(n,)`` (shared by all clouds) or ``(N, n)`` (per cloud).
+
 xyz frames are the standard ``count`` line, comment line, then ``count`` lines
 ``Symbol x y z [extra columns]``; the symbol may be an element (``C``, ``cl``), an atomic
-number (``6``) or ``X`` (a dummy, label 0). Frames are numbered from 0 in ``sources``.
+number (``6``, or any integer label, ``-1``) or ``X`` (a dummy, label 0). Frames are numbered
+from 0 in ``sources``. `write_xyz` writes labels 1 to 118 as element symbols, 0 as ``X`` and
+any other integer as itself, so every integer label reads back as written.
 """
 
 from __future__ import annotations
@@ -23,15 +29,32 @@ import torch
 
 from ..manifolds.shape_space import full_rank
 
-__all__ = ["ELEMENTS", "PointClouds", "load_point_clouds", "save_clouds", "write_xyz"]
+__all__ = [
+    "ELEMENTS",
+    "PointClouds",
+    "element_symbol",
+    "load_point_clouds",
+    "save_clouds",
+    "write_xyz",
+]
 
 _SYMBOLS = (
     "X H He Li Be B C N O F Ne Na Mg Al Si P S Cl Ar K Ca "
-    "Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As Se Br Kr"
+    "Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As Se Br Kr Rb Sr Y Zr Nb Mo Tc Ru Rh Pd Ag Cd "
+    "In Sn Sb Te I Xe Cs Ba La Ce Pr Nd Pm Sm Eu Gd Tb Dy Ho Er Tm Yb Lu Hf Ta W Re Os "
+    "Ir Pt Au Hg Tl Pb Bi Po At Rn Fr Ra Ac Th Pa U Np Pu Am Cm Bk Cf Es Fm Md No Lr Rf "
+    "Db Sg Bh Hs Mt Ds Rg Cn Nh Fl Mc Lv Ts Og"
 ).split()
 #: element symbol -> atomic number (``X``, a dummy or unknown atom, is 0)
-ELEMENTS: dict[str, int] = {**{s: z for z, s in enumerate(_SYMBOLS)}, "I": 53}
+ELEMENTS: dict[str, int] = {s: z for z, s in enumerate(_SYMBOLS)}
 _SYMBOL_OF: dict[int, str] = {z: s for s, z in ELEMENTS.items()}
+
+
+def element_symbol(label: int) -> str:
+    """The xyz symbol of a label: its element for 1 to 118, ``X`` for 0, and the integer
+    itself (``"-1"``, ``"200"``) for labels that are not atomic numbers, which
+    `load_point_clouds` reads back as the same label."""
+    return _SYMBOL_OF.get(int(label), str(int(label)))
 
 
 @dataclass
@@ -44,12 +67,15 @@ class PointClouds:
         sources: ``N`` strings naming where each cloud came from, e.g. ``"mols/a.xyz#frame2"``
             or ``"shapes.npy[17]"``.
         skipped: human-readable lines, one per dropped cloud: its source and why.
+        labels_from: where the labels came from (``"shapes_Z.npy"``, ``"shapes.npz:labels"``,
+            ``"xyz element symbols"``), or None.
     """
 
     positions: np.ndarray
     labels: np.ndarray | None
     sources: list[str]
     skipped: list[str]
+    labels_from: str | None = None
 
 
 def load_point_clouds(
@@ -58,10 +84,12 @@ def load_point_clouds(
     """Read point clouds from a ``.npy``/``.npz``/``.xyz`` file or a folder of ``.xyz`` files.
 
     Args:
-        path: a ``.npy`` array ``(N, n, d)``; a ``.npz`` with the array under ``key``, or its
-            only array, or under ``"positions"``, and optional labels under ``"labels"``
-            (``(N, n)`` or ``(n,)``, broadcast to all clouds); a multi-frame ``.xyz`` file; or
-            a folder whose ``.xyz`` files are read in name order.
+        path: a ``.npy`` array ``(N, n, d)``, with optional labels in ``<stem>_Z.npy``
+            beside it (``shapes.npy`` -> ``shapes_Z.npy``); a ``.npz`` with the array under
+            ``key``, or its only array, or under ``"positions"``, and optional labels under
+            ``"labels"``; a multi-frame ``.xyz`` file; or a folder whose ``.xyz`` files are
+            read in name order. Labels are integers (atomic numbers for chemistry),
+            ``(N, n)`` per cloud or ``(n,)`` shared by all clouds.
         key: the ``.npz`` entry holding the positions.
         rtol: a cloud whose smallest singular value after centring is ``<= rtol`` times its
             largest is rank deficient: it is skipped, noted in ``skipped`` and warned about.
@@ -72,27 +100,34 @@ def load_point_clouds(
     Raises:
         FileNotFoundError: ``path`` does not exist.
         ValueError: unknown extension, no clouds, ragged or non-3-D shapes, non-numeric or
-            non-finite values, fewer than ``d + 2`` points, or every cloud rank deficient.
+            non-finite values, fewer than ``d + 2`` points, every cloud rank deficient, or
+            labels that are not integers or do not fit the clouds' shape.
     """
     path = Path(path)
     if not (np.isfinite(rtol) and rtol >= 0):
         raise ValueError(f"rtol must be a finite number >= 0, got {rtol!r}")
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder")
-    labels = None
+    labels, labels_from = None, None
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() == ".xyz")
         if not files:
             raise ValueError(f"{path}: folder holds no .xyz files")
         P, labels, sources = _read_xyz_files(path, files, f"{path.resolve().name}/")
+        labels_from = "xyz element symbols"
     elif path.suffix.lower() == ".xyz":
         P, labels, sources = _read_xyz_files(path, [path], "")
+        labels_from = "xyz element symbols"
     elif path.suffix.lower() == ".npy":
         P = _load_npy(path)
         sources = [f"{path.name}[{i}]" for i in range(len(P))] if P.ndim else []
+        z_path = labels_path(path)
+        if z_path.is_file():  # the labels beside it
+            labels, labels_from = _load_npy(z_path), z_path.name
     elif path.suffix.lower() == ".npz":
         P, labels, name = _load_npz(path, key)
         sources = [f"{path.name}:{name}[{i}]" for i in range(len(P))] if P.ndim else []
+        labels_from = None if labels is None else f"{path.name}:labels"
     else:
         raise ValueError(
             f"{path}: unknown extension {path.suffix!r}; expected .npy, .npz, "
@@ -100,8 +135,17 @@ def load_point_clouds(
         )
     P = _check_positions(path, P, sources)
     if labels is not None:
-        labels = _check_labels(path, labels, P.shape[:2])
-    return _drop_rank_deficient(path, PointClouds(P, labels, sources, []), rtol)
+        where = f"{labels_path(path)} (the labels of {path.name})" if labels_from and (
+            labels_from.endswith("_Z.npy")) else str(path)  # fmt: skip
+        labels = _check_labels(where, labels, P.shape[:2])
+    return _drop_rank_deficient(path, PointClouds(P, labels, sources, [], labels_from), rtol)
+
+
+def labels_path(path: str | os.PathLike) -> Path:
+    """Where `load_point_clouds` looks for the labels of a ``.npy``: ``shapes.npy`` ->
+    ``shapes_Z.npy`` beside it."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}_Z.npy")
 
 
 def write_xyz(
@@ -115,8 +159,9 @@ def write_xyz(
     Args:
         path: the file to write (parent folders are made).
         positions: ``(N, n, 3)`` or one cloud ``(n, 3)``.
-        labels: ``(N, n)`` or ``(n,)`` atomic numbers, written as element symbols; ``X`` for
-            ``None`` or numbers without a symbol here (``X`` reads back as 0).
+        labels: ``(N, n)`` or ``(n,)`` integer labels, taken as atomic numbers: 1 to 118 are
+            written as element symbols, 0 as ``X``, any other integer as itself (see
+            `element_symbol`; each reads back as written); ``None`` writes ``X`` throughout.
         comment: the comment line of every frame (one line).
     """
     P = np.asarray(positions, dtype=np.float64)
@@ -142,7 +187,7 @@ def write_xyz(
                 f"write_xyz {path}: labels of shape {L.shape} do not fit "
                 f"positions {P.shape}; expected ({N}, {n}) or ({n},)"
             ) from None
-        symbols = np.vectorize(lambda z: _SYMBOL_OF.get(int(z), "X"), otypes=[object])(L)
+        symbols = np.vectorize(element_symbol, otypes=[object])(L)
     lines = []
     for P_i, s_i in zip(P, symbols):
         lines += [str(n), comment]
@@ -191,7 +236,7 @@ def _check_positions(path: Path, P: np.ndarray, sources: list[str]) -> np.ndarra
     if P.size == 0:
         raise ValueError(f"{path}: empty array of shape {P.shape}; no point clouds to read")
     if P.ndim != 3:
-        hint = " (one cloud? add a leading axis: P[None])" if P.ndim == 2 else ""
+        hint = _hint_2d(*P.shape) if P.ndim == 2 else ""
         raise ValueError(f"{path}: positions must be 3-D (N, n, d), got shape {P.shape}{hint}")
     P = P.astype(np.float64)
     bad = np.flatnonzero(~np.isfinite(P).all(axis=(1, 2)))
@@ -209,7 +254,19 @@ def _check_positions(path: Path, P: np.ndarray, sources: list[str]) -> np.ndarra
     return P
 
 
-def _check_labels(path: Path, labels: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+def _hint_2d(a: int, b: int) -> str:
+    """What a 2-D array ``(a, b)`` may be, and the reshape that makes it ``(N, n, d)``."""
+    flat = [f"P.reshape({a}, {b // d}, {d}) for {b // d} points in {d}-D"
+            for d in (3, 2) if b % d == 0 and b // d >= d + 2]  # fmt: skip
+    flat = ", or " + " or ".join(flat) if flat else ""
+    return (
+        f"; if it holds one cloud of {a} points in {b}-D, add a leading axis: P[None], "
+        f"shape (1, {a}, {b}); if it holds {a} clouds whose coordinates are flattened or "
+        f"missing, restore the coordinate axis: P[..., None] for 1-D points{flat}"
+    )
+
+
+def _check_labels(path: str, labels: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     L = np.asarray(labels)
     if not np.issubdtype(L.dtype, np.integer):
         if not (np.issubdtype(L.dtype, np.floating) and np.all(L == np.round(L))):
@@ -319,7 +376,7 @@ def _parse_xyz(f: Path) -> list[tuple[list[int], list[list[float]]]]:
 
 
 def _atomic_number(sym: str, where: str) -> int:
-    if sym.isdigit():
+    if sym.lstrip("+-").isdigit():  # an atomic number, or any integer label
         return int(sym)
     z = ELEMENTS.get(sym[:1].upper() + sym[1:].lower())
     if z is None:
@@ -328,10 +385,15 @@ def _atomic_number(sym: str, where: str) -> int:
 
 
 def save_clouds(
-    X: np.ndarray, out: str | os.PathLike, labels: np.ndarray | None = None
+    X: np.ndarray,
+    out: str | os.PathLike,
+    labels: np.ndarray | None = None,
+    comment: str = "grassflow sample",
 ) -> list[Path]:
     """Write generated clouds ``X: (N, n, d)`` to ``out`` as ``.npy``, and beside it as
-    ``.xyz`` for 3-D clouds (``labels``: ``(n,)`` shared atomic numbers, or None).
+    ``.xyz`` for 3-D clouds (``labels``: ``(n,)`` shared atomic numbers, or None; ``comment``:
+    the frames' comment line, e.g. which model drew them). With labels, they are also saved as
+    ``<stem>_Z.npy``, so that `load_point_clouds` reads the ``.npy`` with its labels.
 
     Returns:
         the paths written.
@@ -339,8 +401,11 @@ def save_clouds(
     out = Path(out).with_suffix(".npy")
     np.save(out, X)
     written = [out]
+    if labels is not None:
+        np.save(labels_path(out), np.asarray(labels, dtype=np.int64))
+        written.append(labels_path(out))
     if X.shape[-1] == 3:
         labels = None if labels is None else np.broadcast_to(labels, X.shape[:2])
-        write_xyz(out.with_suffix(".xyz"), X, labels, "grassflow ShapeFlow sample")
+        write_xyz(out.with_suffix(".xyz"), X, labels, comment)
         written.append(out.with_suffix(".xyz"))
     return written

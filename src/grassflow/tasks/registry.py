@@ -21,7 +21,15 @@ from pathlib import Path
 
 from .run_dir import KIND_KEY
 
-__all__ = ["ENTRY_POINTS", "RunKind", "get", "kind_of", "kinds", "legacy_kind"]
+__all__ = [
+    "ENTRY_POINTS",
+    "RunKind",
+    "evaluate_on_data",
+    "get",
+    "kind_of",
+    "kinds",
+    "legacy_kind",
+]
 
 ENTRY_POINTS = "grassflow.run_kinds"
 
@@ -42,11 +50,38 @@ class RunKind:
         sample: ``(run_dir, n, seed, out) -> line``: draws ``n`` samples to files named by
             ``out`` and says what it wrote; None where the kind has no sampler.
         plot: ``run_dir -> paths`` of the pictures it wrote; None where it has none.
+        evaluate_data: ``(run_dir, data, key, n_samples, seed) -> lines``: evaluates the run
+            on the clouds of a user's file ``data`` (``key``: its array in an ``.npz``, or
+            None) instead of its own test data, writing beside ``eval.json`` rather than over
+            it, and returns what to print (`grassflow eval RUN --data FILE`); None where the
+            kind's test data are fixed (`evaluate_on_data` then says so).
     """
 
     evaluate: Callable[[Path, int, int], str]
     sample: Callable[[Path, int, int, Path], str] | None = None
     plot: Callable[[Path], list[Path]] | None = None
+    evaluate_data: Callable[[Path, Path, str | None, int, int], str] | None = None
+
+
+def evaluate_on_data(
+    run_dir: str | Path,
+    data: str | Path,
+    key: str | None = None,
+    n_samples: int = 1000,
+    seed: int = 0,
+) -> str:
+    """`RunKind.evaluate_data` of the run in ``run_dir``; a ``ValueError`` for a kind that
+    cannot evaluate on a user's file."""
+    kind = kind_of(run_dir)
+    run_kind = get(kind)
+    if run_kind.evaluate_data is None:
+        raise ValueError(
+            f"{run_dir} is a run of kind {kind!r}, which `grassflow eval --data` cannot "
+            "evaluate on another file (its test data are fixed by the run); --data scores "
+            "runs of `grassflow train --data` (kind 'shapes'); leave it out for this run's "
+            "own test NLL"
+        )
+    return run_kind.evaluate_data(Path(run_dir), Path(data), key, n_samples, seed)
 
 
 def kinds() -> dict[str, str]:
@@ -83,4 +118,3 @@ def get(kind: str) -> RunKind:
             "grassflow repository, which installs grassflow_paper"
         )
     return importlib.import_module(known[kind]).RUN_KIND
-

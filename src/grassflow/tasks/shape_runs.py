@@ -2,7 +2,8 @@
 equivariant flow-matching baseline, `EquivariantCNF`).
 
 ``grassflow train --data shapes.npy`` (or ``.npz``, or a folder of ``.xyz`` files) lands here.
-The clouds are split at random (seeded) into train / val / test. For a ShapeFlow two models are
+The clouds are split at random (seeded) into train / val / test, 10 % each for val and test
+by default (``--split VAL,TEST``); `run` prints the split. For a ShapeFlow two models are
 trained, in ``run_dir/flow`` and ``run_dir/gram``: the GrCNF on Gr(d, n - 1) for the clouds'
 spans (flow matching by default, or maximum likelihood), then the Gram density by maximum
 likelihood. The Cartesian NLL is their sum plus a term of the data alone, so each part's
@@ -10,8 +11,9 @@ validation NLL picks its checkpoint as the whole one would. The two-stage traini
 `grassflow.training.train_shape_flow`. The baseline (``model="equivariant-cnf"``) is
 one flow, trained by flow matching in ``run_dir/flow`` on the whole budget.
 
-A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``gram/``, ``eval.json``,
-``samples.npy`` / ``samples.xyz`` and the pictures."""
+A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``gram/``, ``eval.json``
+(the test split's scores; ``eval_<stem>.json`` for a user's held-out file, ``evaluate(...,
+data=...)``), ``samples.npy`` / ``samples.xyz`` and the pictures."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 
 from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
-from ..data.point_clouds import load_point_clouds, save_clouds, write_xyz
+from ..data.point_clouds import element_symbol, labels_path, load_point_clouds, save_clouds
 from ..flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow
 from ..flows.shape_flow import preset_field_options
 from ..metrics import histogram, jsd
@@ -43,8 +45,10 @@ from .run_dir import claim_run_dir, data_identity, read_preset, training_status
 
 __all__ = [
     "RUN_KIND",
-    "MODELS", "ShapeExperiment", "build_model", "evaluate", "load_clouds", "load_run", "plot",
-    "nll_summary", "run", "sample", "save_sampled_clouds", "split_budget",
+    "MODELS", "ShapeExperiment", "build_model", "eval_path", "evaluate", "load_clouds",
+    "load_heldout", "load_run", "model_name", "plot", "nll_summary", "run", "sample",
+    "save_sampled_clouds",
+    "split_budget", "split_summary",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -105,7 +109,10 @@ class ShapeExperiment:
         objective: the GrCNF's, ``"fm"``, ``"fm-ot"`` or ``"mle"``.
         atol, rtol: ODE tolerances (of training with MLE and of every evaluation).
         chunk_size: clouds per exact-divergence solve (bounds the memory of evaluation).
-        val_fraction, test_fraction, split_seed: the random split.
+        val_fraction, test_fraction, split_seed: the random split of the usable clouds: the
+            fractions held out for validation (which picks the checkpoints) and for test
+            (what ``grassflow eval`` scores), at least one cloud each, rounded; default 10 %
+            each, seed 0 (``grassflow train --split VAL,TEST``). `run` prints the counts.
         n_val_flow: validation clouds for the GrCNF's exact NLL (the Gram density uses all).
         flow, gram: the two training configurations.
         n_points, dim, labels: read from the data (labels when every cloud has the same).
@@ -157,7 +164,9 @@ class ShapeExperiment:
                              f"{self.objective!r}")  # fmt: skip
         if not (0 < self.val_fraction < 1 and 0 < self.test_fraction < 1
                 and self.val_fraction + self.test_fraction < 1):  # fmt: skip
-            raise ValueError("val_fraction and test_fraction must be in (0, 1) with sum < 1")
+            raise ValueError(f"the split's val and test fractions must each be in (0, 1) with "
+                             f"a sum < 1, got {self.val_fraction!r} and "
+                             f"{self.test_fraction!r}")  # fmt: skip
         for name in ("flow", "gram"):
             if isinstance(getattr(self, name), dict):
                 setattr(self, name, TrainConfig.from_dict(getattr(self, name)))
@@ -178,7 +187,9 @@ class ShapeExperiment:
 
 def load_clouds(exp: ShapeExperiment) -> dict:
     """The clouds of ``exp.data`` split into ``train`` / ``val`` / ``test`` float64 tensors
-    ``(N_s, n, d)``, with ``labels`` (shared per-point labels or None) and ``skipped``."""
+    ``(N_s, n, d)``, with ``labels`` (shared per-point labels or None), ``labels_from`` (where
+    they were read, `PointClouds.labels_from`; also when they differ between clouds) and
+    ``skipped``. `split_summary` says it in words."""
     clouds = load_point_clouds(exp.data, key=exp.key)
     X = torch.as_tensor(clouds.positions, dtype=torch.float64)
     N = len(X)
@@ -195,7 +206,42 @@ def load_clouds(exp: ShapeExperiment) -> dict:
     return {
         "test": X[perm[:n_test]], "val": X[perm[n_test:n_test + n_val]],
         "train": X[perm[n_test + n_val:]], "labels": labels, "skipped": clouds.skipped,
+        "labels_from": clouds.labels_from,
     }  # fmt: skip
+
+
+def split_summary(exp: ShapeExperiment, splits: dict) -> str:
+    """What `load_clouds` made of ``exp.data``, in two lines: the clouds and their split, then
+    their labels (or how to give them)."""
+    counts = {s: len(splits[s]) for s in ("train", "val", "test")}
+    N, (n, d) = sum(counts.values()), splits["train"].shape[1:]
+    skipped = f" ({len(splits['skipped'])} skipped)" if splits["skipped"] else ""
+    lines = [f"data: {N} clouds of {n} points in {d}-D from {exp.data}{skipped}; split (seed "
+             f"{exp.split_seed}, --split {exp.val_fraction:g},{exp.test_fraction:g}): "
+             f"{counts['train']} train, {counts['val']} val, {counts['test']} test "
+             f"(`grassflow eval` scores the test clouds)"]  # fmt: skip
+    if splits["labels"] is not None:
+        lines.append(f"labels (as atomic numbers): {_formula(splits['labels'])}, from "
+                     f"{splits['labels_from']}")  # fmt: skip
+    elif splits["labels_from"] is not None:
+        lines.append(f"labels from {splits['labels_from']} differ between clouds: not modelled")
+    else:
+        z = (f"{labels_path(exp.data).name} beside it" if Path(exp.data).suffix == ".npy"
+             else "a 'labels' array in the .npz, or .xyz files")  # fmt: skip
+        lines.append(f"labels: none (per-point labels, e.g. atomic numbers, come from {z})")
+    return "\n".join(lines)
+
+
+def _formula(labels) -> str:
+    """Labels as a formula in Hill order (C, H, then by symbol; others by symbol), e.g.
+    ``C4H10O``; labels that are not atomic numbers in parentheses, ``(-1)2``."""
+    counts: dict[str, int] = {}
+    for z in labels:
+        counts[element_symbol(z)] = counts.get(element_symbol(z), 0) + 1
+    first = [s for s in ("C", "H") if s in counts and "C" in counts]
+    order = first + sorted(s for s in counts if s not in first)
+    return "".join((s if s[0].isalpha() else f"({s})") + (str(counts[s]) if counts[s] > 1 else "")
+                   for s in order)  # fmt: skip
 
 
 def build_model(exp: ShapeExperiment) -> ShapeFlow | EquivariantCNF:
@@ -230,6 +276,7 @@ def run(
     splits = load_clouds(exp)
     for line in splits["skipped"]:
         print(f"skipped: {line}")
+    print(split_summary(exp, splits))
     n, d = splits["train"].shape[1:]
     exp = dataclasses.replace(exp, n_points=n, dim=d, labels=splits["labels"])
     if exp.model == "equivariant-cnf" and exp.efm_labels is None:
@@ -270,27 +317,82 @@ def _distances(P: np.ndarray) -> np.ndarray:
     return np.linalg.norm(P[:, i] - P[:, j], axis=-1).ravel()
 
 
+def model_name(exp: ShapeExperiment) -> str:
+    """The model of a run, in words: ``"ShapeFlow"`` or ``"EquivariantCNF (EFM baseline)"``."""
+    return "ShapeFlow" if exp.model == "shapeflow" else "EquivariantCNF (EFM baseline)"
+
+
+def _sample_comment(exp: ShapeExperiment, run_dir: str | Path, seed: int) -> str:
+    """The comment line of sampled ``.xyz`` frames: which model of which run drew them."""
+    where = str(run_dir).replace("\n", " ").replace("\r", " ")
+    return f"grassflow {model_name(exp)} sample, seed {seed}, run {where}"
+
+
 def sample(run_dir: str | Path, n: int, seed: int = 0, save: bool = True) -> np.ndarray:
     """``n`` generated clouds ``(n, n_points, d)``, centred; with ``save``, also written to
-    ``samples.npy`` (and ``samples.xyz`` for 3-D clouds, with the shared labels if any)."""
+    ``samples.npy`` (and ``samples.xyz`` for 3-D clouds, with the shared labels if any as
+    element symbols, and the model in each frame's comment line; see `save_clouds`)."""
     exp, model = load_run(run_dir)
     with torch.no_grad():
         X = model.sample(n, torch.Generator().manual_seed(seed)).numpy()
     if not save:
         return X
-    np.save(Path(run_dir) / "samples.npy", X)
-    if exp.dim == 3:
-        labels = None if exp.labels is None else np.broadcast_to(exp.labels, X.shape[:2])
-        write_xyz(Path(run_dir) / "samples.xyz", X, labels, "grassflow ShapeFlow sample")
+    save_clouds(X, Path(run_dir) / "samples.npy", exp.labels, _sample_comment(exp, run_dir, seed))
     return X
 
 
-def evaluate(run_dir: str | Path, n_samples: int = 1000, seed: int = 0) -> dict:
+def eval_path(run_dir: str | Path, data: str | Path | None = None) -> Path:
+    """Where `evaluate` writes: ``eval.json`` for the test split, ``eval_<stem>.json`` for
+    the clouds of ``data`` (``heldout.npy`` -> ``eval_heldout.json``)."""
+    return Path(run_dir) / ("eval.json" if data is None else f"eval_{Path(data).stem}.json")
+
+
+def load_heldout(exp: ShapeExperiment, data: str | Path, key: str | None = None) -> dict:
+    """The clouds of a user's file (any format `load_point_clouds` reads) for a run of
+    ``exp``: ``clouds`` (float64 ``(N, n, d)``), ``skipped`` and ``labels_checked`` (whether
+    both the file and the run have labels, which then agree).
+
+    Raises:
+        ValueError: clouds of another number of points or dimension than the run's, or
+            labels other than the run's (per cloud, in the same point order).
+    """
+    pc = load_point_clouds(data, key=key)
+    N, n, d = pc.positions.shape
+    if (n, d) != (exp.n_points, exp.dim):
+        raise ValueError(f"{data}: clouds of {n} points in {d}-D, but the run models clouds of "
+                         f"{exp.n_points} points in {exp.dim}-D")  # fmt: skip
+    checked = pc.labels is not None and exp.labels is not None
+    if checked:
+        bad = np.flatnonzero((pc.labels != np.asarray(exp.labels)).any(axis=1))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"{data}: {bad.size} of {N} clouds have other point labels than the run's "
+                f"(first: {pc.sources[i]}, labels {pc.labels[i].tolist()}; the run's "
+                f"{list(exp.labels)}); a model's points carry the run's labels in this "
+                "order, so reorder the points (or drop the file's labels)")  # fmt: skip
+    return {"clouds": torch.as_tensor(pc.positions, dtype=torch.float64),
+            "skipped": pc.skipped, "labels_checked": checked}  # fmt: skip
+
+
+def evaluate(
+    run_dir: str | Path,
+    n_samples: int = 1000,
+    seed: int = 0,
+    data: str | Path | None = None,
+    key: str | None = None,
+) -> dict:
     """Test NLL in nats per cloud (exact, on the (n - 1) d centred coordinates) with its
-    parts, and the JSD of the pair-distance histograms of samples and test clouds."""
+    parts, and the JSD of the pair-distance histograms of samples and test clouds.
+
+    The test clouds are the run's test split, written to ``eval.json``; or, with ``data``,
+    every cloud of that file (``key``: its ``.npz`` array; see `load_heldout` for the
+    checks), written to ``eval_<stem>.json`` (`eval_path`) with ``data`` and ``n_skipped``.
+    """
     run_dir = Path(run_dir)
     exp, model = load_run(run_dir)
-    test = load_clouds(exp)["test"]
+    heldout = None if data is None else load_heldout(exp, data, key)
+    test = load_clouds(exp)["test"] if heldout is None else heldout["clouds"]
     with torch.no_grad():
         if exp.model == "shapeflow":
             terms = model.log_prob_terms(test)
@@ -311,10 +413,13 @@ def evaluate(run_dir: str | Path, n_samples: int = 1000, seed: int = 0) -> dict:
         "test_nll_sem": (terms["log_prob"].std() / len(test) ** 0.5).item(), **parts,
         "params": sum(p.numel() for p in model.parameters()),
         "distance_jsd": jsd(histogram(a, 100, 0.0, hi), histogram(b, 100, 0.0, hi)),
-        **{f"{part}_{key}": value for part in ("flow", "gram")
-           for key, value in training_status(run_dir / part).items()},
+        **{f"{part}_{k}": value for part in ("flow", "gram")
+           for k, value in training_status(run_dir / part).items()},
     }  # fmt: skip
-    write_json(result, run_dir / "eval.json")
+    if heldout is not None:
+        result.update(data=str(Path(data).resolve()), n_skipped=len(heldout["skipped"]),
+                      labels_checked=heldout["labels_checked"])  # fmt: skip
+    write_json(result, eval_path(run_dir, data))
     return result
 
 
@@ -355,9 +460,11 @@ def nll_summary(r: dict) -> str:
             f"{r['test_nll_gram']:.3f} + Jacobian {r['test_nll_jacobian']:.3f}")  # fmt: skip
 
 
-def save_sampled_clouds(X: np.ndarray, out: str | Path, labels=None) -> str:
+def save_sampled_clouds(
+    X: np.ndarray, out: str | Path, labels=None, comment: str = "grassflow sample"
+) -> str:
     """`save_clouds`, and what it wrote, in words."""
-    written = save_clouds(X, out, labels)
+    written = save_clouds(X, out, labels, comment)
     return f"wrote {len(X)} clouds {tuple(X.shape)} to " + ", ".join(map(str, written))
 
 
@@ -368,9 +475,23 @@ def _eval_line(run_dir: Path, n_samples: int, seed: int) -> str:
             f"pair-distance JSD {r['distance_jsd']:.4f}")  # fmt: skip
 
 
+def _eval_data_line(run_dir: Path, data: Path, key: str | None, n_samples: int, seed: int) -> str:
+    r = evaluate(run_dir, n_samples=n_samples, seed=seed, data=data, key=key)
+    what = f"{r['potential']} potential" if r["model"] == "shapeflow" else r["model"]
+    notes = [f"{r['n_skipped']} rank-deficient clouds skipped"] if r["n_skipped"] else []
+    if not r["labels_checked"]:
+        notes.append("labels not checked: the file or the run has none")
+    notes = f" ({'; '.join(notes)})" if notes else ""
+    return (f"[{r['n_points']} points in {r['dim']}-D, {what}] NLL of the {r['n_test']} clouds "
+            f"of {data}{notes}: {nll_summary(r)} | pair-distance JSD {r['distance_jsd']:.4f}\n"
+            f"wrote {eval_path(run_dir, data)}")  # fmt: skip
+
+
 def _sample_line(run_dir: Path, n: int, seed: int, out: Path) -> str:
-    labels = read_preset(run_dir, ShapeExperiment.from_dict, "shape").labels
-    return save_sampled_clouds(sample(run_dir, n, seed), out, labels)
+    exp = read_preset(run_dir, ShapeExperiment.from_dict, "shape")
+    return save_sampled_clouds(sample(run_dir, n, seed), out, exp.labels,
+                               _sample_comment(exp, run_dir, seed))  # fmt: skip
 
 
-RUN_KIND = RunKind(evaluate=_eval_line, sample=_sample_line, plot=lambda run_dir: [plot(run_dir)])
+RUN_KIND = RunKind(evaluate=_eval_line, sample=_sample_line, plot=lambda run_dir: [plot(run_dir)],
+                   evaluate_data=_eval_data_line)  # fmt: skip
