@@ -395,7 +395,7 @@ def test_progress_bar_counts_the_budget(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "of 0.25 cpu min or the iterations" in err and "it=15/100000" in err
     assert "100%" in err  # the budget's end is the bar's end
-    assert "left=~0 cpu min" in err  # the time left counts down on the budget's clock
+    assert "left=~0.00 cpu min" in err  # the time left counts down on the budget's clock
     display = Progress("x")
     loop_module._start_display(display, cfg, 7, None)
     assert display.bar.total == 100_000 and display.bar.n == 7

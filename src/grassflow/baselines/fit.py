@@ -9,6 +9,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ..training import TrainConfig, TrainResult, load_checkpoint, train
+from ..training.progress import Progress
 from .equivariant_cnf import EquivariantCNF
 from .matching import CFM_COUPLINGS, cfm_objective
 
@@ -23,7 +24,7 @@ def fit_equivariant_cnf(
     config: TrainConfig,
     *,
     coupling: str = "equivariant-ot",
-    progress: bool = True,
+    progress: bool | Progress = True,
 ) -> TrainResult:
     """Train (or continue) ``model`` on ``train_clouds: (N, n, d)`` in ``run_dir``.
 
@@ -33,6 +34,7 @@ def fit_equivariant_cnf(
 
     Args:
         coupling: of the minibatch pairs, one of `CFM_COUPLINGS`.
+        progress: show progress (or a command's `Progress` line).
     """
     if coupling not in CFM_COUPLINGS:
         raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {coupling!r}")

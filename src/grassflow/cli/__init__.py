@@ -65,12 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit code.
 
     0: done. 2: a user error (`USER_ERRORS`: bad arguments, missing or existing files,
-    invalid values), reported in one line. 3: training diverged. Other exceptions propagate
-    with their traceback. Under torchrun the process group is left in every case.
+    invalid values), reported in one line. 3: training diverged. 130: Ctrl-C, reported in
+    one line that says what was saved and how to go on. Other exceptions propagate with
+    their traceback. Under torchrun the process group is left in every case.
     """
     import torch
 
-    from ..training import TrainingDiverged
+    from ..training import TrainingDiverged, TrainingInterrupted
     from ..training import distributed as dd
     from ..training.threads import set_threads
 
@@ -84,6 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingDiverged as err:
         _report(args, "training diverged", err)
         return 3
+    except KeyboardInterrupt as err:
+        if isinstance(err, TrainingInterrupted):
+            again = " with --resume" if args.command == "train" else ""
+            what = f"{err}; rerun the same command{again} to continue"
+        else:
+            what = "interrupted before its results were written"
+        print(f"\ngrassflow {args.command}: {what}", file=sys.stderr)
+        return 130
     except USER_ERRORS as err:
         _report(args, "error", err)
         return 2

@@ -27,26 +27,27 @@ def add_particle_data_options(g) -> None:
 
 def add_minutes_option(
     p, default: float | None = None, old: tuple[str, ...] = (), dest: str = "minutes",
-    flag: str = "--minutes", what: str = "training CPU minutes of the run",
+    flag: str = "--minutes",
+    what: str = "training CPU minutes of the run (validation and evaluation not charged)",
 ) -> None:
     """The budget option (``--minutes``): a run's training budget in total over invocations,
     so that a larger value continues the run. ``old`` spellings stay as hidden aliases."""
     p.add_argument(flag, dest=dest, type=float, default=default,
                    help=f"{what}, in total over reruns (a larger value continues the run; "
-                        "--clock wall: wall-clock minutes); validation and evaluation are not "
-                        "charged to it")  # fmt: skip
+                        "--clock wall: wall-clock minutes)")  # fmt: skip
     for name in old:  # first the option above, so that its default wins
         p.add_argument(name, dest=dest, type=float, help=argparse.SUPPRESS)
 
 
-def add_train_options(p: argparse.ArgumentParser, run_minutes: bool = True) -> None:
+def add_train_options(
+    p: argparse.ArgumentParser, run_minutes: bool = True, minutes_what: str | None = None
+) -> None:
     """Overrides of a preset's training; ``run_minutes``: with ``--minutes`` (commands whose
-    own ``--minutes`` means something else pass False)."""
+    own ``--minutes`` means something else pass False), ``minutes_what`` its help."""
     g = p.add_argument_group("overrides of the preset (paper values by default)")
     p.set_defaults(run_minutes=run_minutes)
     if run_minutes:
-        add_minutes_option(g, what="training CPU minutes of the run (with --data: both parts; "
-                                   "the Gram density gets 30%% of it, at most 3 min)")
+        add_minutes_option(g, what=minutes_what or "CPU minutes of training and validation")
     g.add_argument(
         "--session-minutes", "--budget-minutes", dest="session_minutes", type=float,
         help="at most this many training CPU minutes in this invocation (--budget-minutes: "

@@ -24,6 +24,7 @@ def cmd_demo(args) -> None:
 
     base = tx.DEMO_PAPER if args.preset == "paper" else tx.DEMO
     exp = apply_overrides(dataclasses.replace(base, dataset=args.dataset), args)
+    exp.train = exp.train.replace(charge_validation=True)
     out = Path(args.out)
     resume = (out / "last.pt").exists()
     if resume:
@@ -80,7 +81,35 @@ def _shape_experiment(args):
             "budget_minutes": gram_minutes, "clock": args.clock, "seed": args.seed,
             "device": args.device}  # fmt: skip
     exp.gram = exp.gram.replace(**{k: v for k, v in gram.items() if v is not None})
+    if args.n_val is not None:
+        exp = dataclasses.replace(exp, n_val_flow=args.n_val)
+    exp.flow = exp.flow.replace(**_validation_fields(args))
+    exp.gram = exp.gram.replace(charge_validation=True)  # (validated on every val cloud)
     return exp
+
+
+def _validation_fields(args) -> dict:
+    """What ``train`` sets in every configuration it trains: budgets charge validation (so
+    ``--minutes`` bounds the whole command), and ``--val-every``'s schedule if given."""
+    return {"charge_validation": True, **(args.val_every or {})}
+
+
+def _val_every(text: str) -> dict:
+    """``--val-every``: ``N`` (every N iterations), ``Xmin`` (after X minutes of training) or
+    ``end`` (only the final validation), as `TrainConfig` fields."""
+    fields = {"val_every": None, "val_doubling_from": None, "val_every_minutes": None}
+    spec = text.strip().lower()
+    if spec == "end":
+        return fields
+    try:
+        if spec.endswith("min") and float(spec[:-3]) > 0:
+            return {**fields, "val_every_minutes": float(spec[:-3])}
+        if int(spec) >= 1:
+            return {**fields, "val_every": int(spec)}
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(
+        f"expected N >= 1 (iterations), Xmin (X > 0 minutes of training) or end, got {text!r}")
 
 
 def cmd_train(args) -> None:
@@ -90,10 +119,11 @@ def cmd_train(args) -> None:
 
     if args.data is not None:
         exp = shapes.run(_shape_experiment(args), args.run_dir, resume=args.resume,
-                         progress=not args.no_progress)  # fmt: skip
+                         progress=not args.no_progress, final_eval=not args.no_eval)
         name = " ShapeFlow" if exp.model == "shapeflow" else "n equivariant CNF (EFM baseline)"
-        print(f"trained a{name} of {exp.n_points} points in {exp.dim}-D in {args.run_dir}; "
-              f"`grassflow eval {args.run_dir}` for the test NLL")
+        print(f"trained a{name} of {exp.n_points} points in {exp.dim}-D in {args.run_dir}")
+        if args.no_eval:
+            print(f"`grassflow eval {args.run_dir}` for the test NLL")
         return
     if args.dataset in px.SIZES:
         exp, module = _particle_experiment(args), px
@@ -102,6 +132,7 @@ def cmd_train(args) -> None:
         if args.preset != "paper":  # its budget-bound iteration cap: the paper's count instead
             exp.train = exp.train.replace(iterations=tx.PRESETS["paper"].train.iterations)
         exp, module = apply_overrides(exp, args), tx
+    exp.train = exp.train.replace(**_validation_fields(args))
     result = module.run(exp, args.run_dir, resume=args.resume, progress=not args.no_progress)
     print(result.message or f"stopped: {result.stopped} after {result.iterations} iterations")
 
@@ -174,7 +205,8 @@ def add_commands(sub) -> None:
     p.add_argument("--preset", default="fourier", choices=("fourier", "paper"),
                    help="fourier (default): flow matching with Fourier HorP features, the best "
                         "picture in ~3 minutes; paper: the paper's model trained by MLE")
-    add_train_options(p)
+    add_train_options(p, minutes_what="CPU minutes of training and validation (the test "
+                                     "NLL and the pictures come after)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("train", help="train a GrCNF on a texture or DW4/LJ13 (resumable)")
@@ -182,6 +214,11 @@ def add_commands(sub) -> None:
     p.add_argument("--run-dir", required=True)
     add_texture_preset(p)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/last.pt")
+    p.add_argument("--val-every", type=_val_every, metavar="N|Xmin|end",
+                   help="validate every N iterations, after every X minutes of training, or "
+                        "only at the end (default: the preset's schedule). Validation counts "
+                        "against --minutes, and one that would leave less training time than "
+                        "it takes is skipped")  # fmt: skip
     g = p.add_argument_group("your own point clouds (a ShapeFlow; --dataset is then ignored)")
     g.add_argument("--data", help="an (N, n, d) .npy (labels, e.g. atomic numbers, from "
                                   "NAME_Z.npy beside it: (n,) shared or (N, n)), an .npz "
@@ -191,6 +228,12 @@ def add_commands(sub) -> None:
                    help="fractions of the clouds held out for validation and for test (what "
                         "`eval` scores), at random (seed 0); default 0.1,0.1")  # fmt: skip
     g.add_argument("--key", help="the array's name in an .npz")
+    g.add_argument("--n-val", type=int,
+                   help="validation clouds scored exactly at each validation (default 50; the "
+                        "Gram density uses all); fewer make validations cheaper")  # fmt: skip
+    g.add_argument("--no-eval", action="store_true",
+                   help="skip the final test evaluation (by default it runs within --minutes, "
+                        "announced with its estimated cost)")  # fmt: skip
     g.add_argument("--model", default="shapeflow", choices=("shapeflow", "equivariant-cnf"),
                    help="ours (default), or the equivariant flow-matching CNF baseline (EFM: "
                         "an EGNN, one flow on the whole budget)")  # fmt: skip
@@ -210,7 +253,9 @@ def add_commands(sub) -> None:
     g.add_argument("--prior", choices=("gaussian", "uniform"),
                    help="base distribution: default gaussian (the paper's, sigma 0.3) for "
                         "DW4/LJ13, uniform (permutation invariant) for --data")
-    add_train_options(p)
+    add_train_options(p, minutes_what="CPU minutes of the whole command: training, validation "
+                      "and, with --data, the final test evaluation (a ShapeFlow's Gram "
+                      "density gets 30%% of it, at most 3 min)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="test NLL and MMD of a trained run")

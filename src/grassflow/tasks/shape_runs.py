@@ -39,6 +39,7 @@ from ..training import (
     train_shape_flow,
 )
 from ..training.checkpoint import write_json
+from ..training.progress import Progress, minutes
 from ..training.rng import seeded_init
 from .registry import RunKind
 from .run_dir import claim_run_dir, data_identity, read_preset, training_status
@@ -57,6 +58,13 @@ MODELS = ("shapeflow", "equivariant-cnf")
 # preset fields added after runs were made: the value those runs had without saying so
 ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot", "gram_components": 1,
                 "gram_density": "wishart"}  # fmt: skip
+
+
+SAMPLE_COST = {"shapeflow": 0.5, "equivariant-cnf": 0.1}
+"""Bounds of the CPU cost of drawing a cloud relative to scoring one exactly, by model; the
+final evaluation's share of a budget rests on them. Measured on 12-point clouds, one
+thread: 1/3 for ShapeFlow (its sampler solves the span's ODE without the divergence) and
+1/85 for the baseline."""
 
 
 def split_budget(
@@ -266,11 +274,23 @@ def run(
     run_dir: str | Path,
     *,
     resume: bool = False,
-    progress: bool = True,
+    progress: bool | Progress = True,
     force: bool = False,
+    final_eval: bool = False,
+    n_samples: int | None = None,
 ) -> ShapeExperiment:
-    """Train (or continue) both parts of ``exp`` in ``run_dir``; returns the resolved preset."""
+    """Train (or continue) both parts of ``exp`` in ``run_dir``; returns the resolved preset.
+
+    With ``final_eval``, `evaluate` the test split afterwards (``n_samples`` samples for the
+    JSD; None: as many as test clouds), announced with its estimated cost. A budget that
+    charges validation (``exp.flow.charge_validation``) keeps room for it, priced as
+    ``n_test + SAMPLE_COST * n_samples`` validation points of the flow; if it still does not
+    fit in what the budget left (by more than a quarter of the budget), it is skipped with
+    the estimate, for ``grassflow eval`` to run later.
+    """
     run_dir = Path(run_dir)
+    display = progress if isinstance(progress, Progress) \
+        else Progress(run_dir.name, enabled=progress)  # fmt: skip
     if not resume and (run_dir / "flow" / "last.pt").exists():
         raise FileExistsError(f"{run_dir} holds a trained run: pass --resume or use a new one")
     splits = load_clouds(exp)
@@ -290,16 +310,55 @@ def run(
                   force=force, resume=resume,
                   budget_keys=("flow.iterations", "gram.iterations", "flow.total_budget_minutes",
                                "gram.total_budget_minutes"))  # fmt: skip
+    n_test = len(splits["test"])
+    n_samples = n_test if n_samples is None else n_samples
+    eval_points = n_test + SAMPLE_COST[exp.model] * n_samples  # in flow validation points
+    if final_eval:
+        exp.flow = exp.flow.replace(reserve_points=eval_points)
     model = build_model(exp)
     if exp.model == "equivariant-cnf":
-        fit_equivariant_cnf(model, splits["train"], splits["val"][: exp.n_val_flow],
-                            run_dir / "flow", exp.flow, coupling=exp.coupling,
-                            progress=progress)  # fmt: skip
+        results = [fit_equivariant_cnf(model, splits["train"], splits["val"][: exp.n_val_flow],
+                                       run_dir / "flow", exp.flow, coupling=exp.coupling,
+                                       progress=display)]  # fmt: skip
     else:
-        train_shape_flow(model, splits["train"], splits["val"], run_dir, exp.flow, exp.gram,
-                         objective=exp.objective, n_val_flow=exp.n_val_flow,
-                         progress=progress)  # fmt: skip
+        results = train_shape_flow(model, splits["train"], splits["val"], run_dir, exp.flow,
+                                   exp.gram, objective=exp.objective,
+                                   n_val_flow=exp.n_val_flow, progress=display)  # fmt: skip
+    if final_eval:
+        flow = results[0]
+        estimate = None if flow.last_val_seconds is None \
+            else flow.last_val_seconds / flow.val_points * eval_points  # fmt: skip
+        lefts = [r.budget_left_seconds for r in results]
+        slack = 15.0 * sum((c.total_budget_minutes or c.budget_minutes or 0.0)
+                           for c in (exp.flow, exp.gram))  # a quarter of the budget, in s
+        fits = estimate is None or None in lefts or estimate <= sum(lefts) + slack
+        display.write(_eval_announcement(n_test, n_samples, estimate, lefts, exp.flow.clock,
+                                         fits, run_dir))  # fmt: skip
+        if fits:
+            r = evaluate(run_dir, n_samples=n_samples, progress=display)
+            display.close()
+            print(f"test NLL {nll_summary(r)} on {r['n_test']} clouds | pair-distance JSD "
+                  f"{r['distance_jsd']:.4f} (wrote {eval_path(run_dir)})")  # fmt: skip
+    if not isinstance(progress, Progress):
+        display.close()
     return exp
+
+
+def _eval_announcement(n_test: int, n_samples: int, estimate_s: float | None,
+                       left_s: list[float | None], kind: str, fits: bool,
+                       run_dir: Path) -> str:  # fmt: skip
+    """The line that announces the final evaluation and its estimated cost."""
+    what = f"{n_test} test clouds and {n_samples} samples"
+    if estimate_s is None:
+        return f"evaluating {what} (cost unknown: no validation was timed in this invocation)"
+    cost = f"about {minutes(estimate_s)} {kind} min"
+    if None in left_s:
+        return f"evaluating {what}: {cost}"
+    left = f"{minutes(sum(left_s))} min of the budget left"
+    if fits:
+        return f"evaluating {what}: {cost} ({left})"
+    return (f"skipped the evaluation of {what}: {cost}, beyond the budget ({left}); "
+            f"`grassflow eval {run_dir}` runs it")
 
 
 def load_run(run_dir: str | Path) -> tuple[ShapeExperiment, ShapeFlow | EquivariantCNF]:
@@ -381,6 +440,7 @@ def evaluate(
     seed: int = 0,
     data: str | Path | None = None,
     key: str | None = None,
+    progress: bool | Progress = False,
 ) -> dict:
     """Test NLL in nats per cloud (exact, on the (n - 1) d centred coordinates) with its
     parts, and the JSD of the pair-distance histograms of samples and test clouds.
@@ -393,12 +453,22 @@ def evaluate(
     exp, model = load_run(run_dir)
     heldout = None if data is None else load_heldout(exp, data, key)
     test = load_clouds(exp)["test"] if heldout is None else heldout["clouds"]
+    display = progress if isinstance(progress, Progress) \
+        else Progress(f"{run_dir.name} eval", enabled=progress)  # fmt: skip
+    score = model.log_prob_terms if exp.model == "shapeflow" \
+        else lambda c: {"log_prob": model.log_prob(c)}  # fmt: skip
+    # in multiples of the model's own chunks (the numbers of one call), to show progress
+    display.start("test log-likelihood", len(test), bar_text="{n_fmt}/{total_fmt} clouds")
+    chunks = []
     with torch.no_grad():
-        if exp.model == "shapeflow":
-            terms = model.log_prob_terms(test)
-        else:
-            terms = {"log_prob": torch.cat([model.log_prob(c) for c in test.split(64)])}
-    X = sample(run_dir, n_samples, seed, save=False)  # leaves the user's samples.npy alone
+        for c in test.split(4 * getattr(model, "chunk_size", 16)):
+            chunks.append(score(c))
+            display.update(sum(len(t["log_prob"]) for t in chunks))
+    terms = {k: torch.cat([t[k] for t in chunks]) for k in chunks[0]}
+    with display.blocking(f"sampling {n_samples} clouds"):
+        X = sample(run_dir, n_samples, seed, save=False)  # leaves the user's samples.npy alone
+    if not isinstance(progress, Progress):
+        display.close()
     a, b = _distances(X), _distances(test.numpy())
     hi = float(np.quantile(b, 0.999)) * 1.5
     parts = {}

@@ -45,7 +45,7 @@ class BudgetClock:
 
     Args:
         config: the run's configuration (``clock``, budgets, ``charge_validation``,
-            ``reserve_validations``).
+            ``reserve_points``, ``val_share``).
         state: the run's counters; its ``train`` stopwatch runs while the loop trains.
         sync: with several ranks, the maximum of a value over them; time-based decisions
             must agree on every rank, or the ranks part ways. None: one process.
@@ -55,7 +55,7 @@ class BudgetClock:
                  sync: Callable[[float], float] | None = None):  # fmt: skip
         self.kind, self.state, self.sync = config.clock, state, sync
         self.charge_validation = config.charge_validation
-        self.reserve_validations = config.reserve_validations
+        self.reserve_points, self.val_share = config.reserve_points, config.val_share
         self.limit_s, self.by_total = invocation_limit(config, state)
         self.start_iteration = state.iteration
         self.start_s = state.train.seconds(self.kind)
@@ -84,31 +84,51 @@ class BudgetClock:
     def add_validation(self, seconds: float) -> None:
         self.validation_s += seconds
 
-    def reserve(self, validation_cost: float | None) -> float:
-        """Seconds kept free for the final validation and the work after training
-        (``reserve_validations`` validations' worth), when validation is charged."""
-        if not self.charge_validation or validation_cost is None:
+    def reserve(self, cost: float | None, points: int = 1) -> float:
+        """Seconds kept free for the final validation (``cost``, of ``points`` points) and
+        the work after training (``reserve_points`` more), when validation is charged."""
+        if not self.charge_validation or cost is None:
             return 0.0
-        return (1.0 + self.reserve_validations) * validation_cost
+        return cost * (1.0 + self.reserve_points / points)
 
     def exhausted(self) -> bool:
         """No time left before the first step (a total budget spent by earlier runs)."""
         return self.limit_s is not None and self.limit_s <= 0
 
-    def out_of_budget(self, validation_cost: float | None = None) -> bool:
-        """Whether one more step, at the mean pace so far, would overrun the limit."""
+    def out_of_budget(self, cost: float | None = None, points: int = 1) -> bool:
+        """Whether one more step, at the mean pace so far, would overrun the limit (less
+        the `reserve` for a validation of ``cost`` seconds and ``points`` points)."""
         if self.limit_s is None:
             return False
         steps = self.state.iteration - self.start_iteration
-        other = self.spent() - self.trained() + self.reserve(validation_cost)
+        other = self.spent() - self.trained() + self.reserve(cost, points)
         return self.trained() * (1 + 1 / steps) + other > self.limit_s
 
-    def affords_validation(self, cost: float | None) -> bool:
+    def affords_validation(self, cost: float | None, points: int = 1) -> bool:
         """Whether a validation that is not the final one leaves at least as much time for
         training as it takes (always, unless validation is charged and the time is short)."""
         if cost is None or not self.charge_validation or self.limit_s is None:
             return True
-        return self.limit_s - self.spent() - self.reserve(cost) >= 2 * cost
+        return self.limit_s - self.spent() - self.reserve(cost, points) >= 2 * cost
+
+    def affords_final(self, cost: float | None) -> bool:
+        """Whether the final validation fits in what is left (always, unless validation is
+        charged); when it does not, the best model of the earlier ones stands."""
+        if cost is None or not self.charge_validation or self.limit_s is None:
+            return True
+        return self.spent() + cost <= self.limit_s
+
+    def prices_validation(self, points: int, probe: int) -> bool:
+        """Whether a validation of ``points`` should first be priced on ``probe`` of them:
+        only when validation is charged to a limit, and the probe is a small part."""
+        return self.charge_validation and self.limit_s is not None and points >= 4 * probe
+
+    def validation_points(self, per_point_s: float, points: int, least: int) -> int:
+        """How many validation points one validation may score: all ``points`` if that
+        takes at most ``val_share`` of the limit at ``per_point_s`` seconds each, else as
+        many as do (at least ``least``)."""
+        fit = int(self.val_share * self.limit_s / max(per_point_s, 1e-12))
+        return min(points, max(least, fit))
 
     def share(self) -> float:
         """The share of the limit spent (0 without a limit)."""

@@ -76,9 +76,13 @@ class TrainConfig:
             early enough that the final validation fits too (at the cost of the last one),
             so a budget bounds training and validation together; a validation that would
             leave less training time than it takes is then skipped (the final one never is).
-        reserve_validations: with ``charge_validation``, also keep this many validations'
-            worth of the budget free for the caller's work after training (a test
+        reserve_points: with ``charge_validation``, also keep the time of scoring this many
+            validation points free for the caller's work after training (a test
             evaluation), >= 0.
+        val_share: with ``charge_validation`` and a budget, one validation takes at most
+            this share of the invocation's limit: the first is priced on a few points, and
+            if all of ``val_data`` would cost more, the run validates on its first points
+            only (as many as fit, at least 8; fixed for the run, kept in ``last.pt``).
         clock: what the budgets count: ``"cpu"``, this process's CPU time (all its threads;
             per rank under torchrun), which other jobs on the machine do not change, or
             ``"wall"``, wall-clock time (see `clock`).
@@ -103,7 +107,8 @@ class TrainConfig:
     budget_minutes: float | None = None
     total_budget_minutes: float | None = None
     charge_validation: bool = False
-    reserve_validations: float = 0.0
+    reserve_points: float = 0.0
+    val_share: float = 0.1
     clock: str = "cpu"
     device: str = "auto"
     dtype: str = "float32"
@@ -143,9 +148,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be > 0 or None, got {value!r}")
         if not isinstance(self.charge_validation, bool):
             raise ValueError(f"charge_validation must be a bool, got {self.charge_validation!r}")
-        if not (_is_real(self.reserve_validations) and self.reserve_validations >= 0):
-            raise ValueError(f"reserve_validations must be >= 0, got "
-                             f"{self.reserve_validations!r}")
+        if not (_is_real(self.reserve_points) and self.reserve_points >= 0):
+            raise ValueError(f"reserve_points must be >= 0, got {self.reserve_points!r}")
+        if not (_is_real(self.val_share) and 0 < self.val_share <= 1):
+            raise ValueError(f"val_share must be in (0, 1], got {self.val_share!r}")
         if self.clock not in CLOCKS:
             raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
         if self.dtype not in _DTYPES:

@@ -40,6 +40,9 @@ __all__ = ["TrainResult", "TrainingDiverged", "TrainingInterrupted", "train"]
 
 logger = logging.getLogger(__name__)
 
+PROBE_POINTS = 8
+"""Validation points timed to price a charged validation before the first one."""
+
 Callback = Callable[[int, nn.Module, dict], None]
 
 
@@ -163,6 +166,9 @@ def train(
             val_wall_seconds=state.val.seconds("wall"),
             threads=threads,
             message=message,
+            last_val_seconds=schedule.last_cost,
+            budget_left_seconds=budget.left(),
+            val_points=None if val_data is None else len(validation_set()),
         )
 
     def diverged(what: str, value: float, at: int) -> TrainingDiverged:
@@ -181,16 +187,24 @@ def train(
         if not saver.save_last(state, rng):
             raise diverged("parameters", float("nan"), state.iteration)
 
-    def validate(done: int) -> float:
+    def timed_nll(Y: Tensor, what: str) -> tuple[float, float]:
+        """The mean NLL of ``Y`` and what it cost (charged to validation)."""
         start = state.val.seconds(kind)
-        with paused(state.train), state.val, display.blocking(
-            f"validating {len(val_data)}", schedule.last_cost
-        ), isolated_rng(derive_seed(config.seed, "validation"), device):
-            val_nll = distributed_mean_nll(model, val_data, config.batch_size)
+        with paused(state.train), state.val, display.blocking(what, schedule.last_cost), \
+                isolated_rng(derive_seed(config.seed, "validation"), device):  # fmt: skip
+            nll = distributed_mean_nll(model, Y, config.batch_size)
         cost = state.val.seconds(kind) - start
         if budget.sync is not None:
             cost = budget.sync(cost)
         budget.add_validation(cost)
+        return nll, cost
+
+    def validation_set() -> Tensor:
+        return val_data if state.val_points is None else val_data[: state.val_points]
+
+    def validate(done: int) -> float:
+        Y = validation_set()
+        val_nll, cost = timed_nll(Y, f"validating {len(Y)} points")
         schedule.done(cost, budget.elapsed())
         if not math.isfinite(val_nll):  # a model that gives up on held-out data has diverged
             raise diverged("validation NLL", val_nll, done)
@@ -198,6 +212,22 @@ def train(
             state.best_val, state.best_iteration = val_nll, done
             saver.save_best(done, val_nll)
         return val_nll
+
+    def price_validation() -> None:
+        """Price a validation by timing a few of its points, before the first one, and keep
+        to the points that the budget affords (`TrainConfig.val_share`)."""
+        probe = val_data[:PROBE_POINTS]
+        per_point = timed_nll(probe, f"pricing validation on {len(probe)} points")[1] \
+            / len(probe)  # fmt: skip
+        points = state.val_points or budget.validation_points(per_point, len(val_data),
+                                                              PROBE_POINTS)  # fmt: skip
+        if points < len(val_data) and state.val_points is None:
+            state.val_points = points
+            display.write(
+                f"{run_dir.name}: validating on the first {points} of {len(val_data)} points "
+                f"(all would take ~{minutes(per_point * len(val_data))} {kind} min of a "
+                f"{minutes(budget.limit_s)}-min budget)")  # fmt: skip
+        schedule.last_cost = per_point * points
 
     limit = math.inf if config.iterations is None else config.iterations
     of_limit = "" if config.iterations is None else f"/{config.iterations}"
@@ -210,10 +240,11 @@ def train(
         logger.info(message)
         return result("budget", message)
     state.spent_total_budget = None  # set again if this invocation's total budget runs out
-    display = progress if isinstance(progress, Progress) \
-        else Progress(run_dir.name, enabled=progress, kind=kind)  # fmt: skip
+    shared = isinstance(progress, Progress)  # a command's line: name the part trained
+    display = progress if shared else Progress(run_dir.name, enabled=progress, kind=kind)
     display.enabled = display.enabled and main
-    _start_display(display, config, state.iteration, budget.limit_s)
+    _start_display(display, config, state.iteration, budget.limit_s,
+                   f"{run_dir.name} training" if shared else "training")  # fmt: skip
     stopped, message = "done", ""
     step_rng, updating = None, False  # the RNG at the start of an unfinished step
     state.train.start()
@@ -247,11 +278,21 @@ def train(
             done, last = state.iteration, state.iteration == limit
             budget.tick()
 
-            out_of_budget = not last and budget.out_of_budget(schedule.last_cost)
-            final = last or out_of_budget  # always log and validate the final iteration
+            points = len(validation_set()) if val_data is not None else 1
+            out_of_budget = not last and budget.out_of_budget(schedule.last_cost, points)
+            val_due = val_data is not None \
+                and schedule.due(done, last or out_of_budget, budget.elapsed())  # fmt: skip
+            if val_due and not (last or out_of_budget) and schedule.last_cost is None \
+                    and budget.prices_validation(len(val_data), PROBE_POINTS):  # fmt: skip
+                price_validation()
+                points = len(validation_set())
+                out_of_budget = budget.out_of_budget(schedule.last_cost, points)
+            final = last or out_of_budget  # log (and validate, budget permitting) the last one
+            if val_due and final and state.best_val is not None:  # a best model exists
+                val_due = budget.affords_final(schedule.last_cost)
+            elif val_due and not final:
+                val_due = budget.affords_validation(schedule.last_cost, points)
             log_due = done % config.log_every == 0 or final
-            val_due = val_data is not None and schedule.due(done, final, budget.elapsed()) \
-                and (final or budget.affords_validation(schedule.last_cost))  # fmt: skip
             if log_due or val_due:
                 record = make_record(done, loss_value, stats, lr, grad_norm, budget.elapsed())
                 record["cpu_s"] = state.train.seconds("cpu")
@@ -294,7 +335,7 @@ def train(
                            last_path) from interrupt  # fmt: skip
     finally:
         state.train.stop()
-        if not isinstance(progress, Progress):  # a shared line is the caller's to close
+        if not shared:  # a shared line is the caller's to close
             display.close()
     dd.barrier()  # rank 0's files are complete when train returns on any rank
     display.write(message)
@@ -321,18 +362,18 @@ def _interrupted(state: TrainState, checkpoint, step_rng, unsafe: bool,
 
 
 def _start_display(display: Progress, config: TrainConfig, iteration: int,
-                   limit_s: float | None) -> None:  # fmt: skip
+                   limit_s: float | None, phase: str = "training") -> None:  # fmt: skip
     """A count of iterations; when a budget bounds the run, the share (in permille) of
     the budget or of the iterations done, whichever is ahead, so that the bar ends when
     whichever comes first ends."""
     if limit_s is None:  # iterations is set: train() refuses None without a budget
-        display.start("training", config.iterations, bar_text=f"{{n_fmt}}/{{total_fmt}} it ")
+        display.start(phase, config.iterations, bar_text="{n_fmt}/{total_fmt} it")
         display.update(iteration)
         return
     text = f"of {minutes(limit_s)} {config.clock} min"
     if config.iterations is not None:
         text += " or the iterations"
-    display.start("training", 1000.0, bar_text=text + " ")
+    display.start(phase, 1000.0, bar_text=text)
 
 
 def _show(display: Progress, budget: BudgetClock, config: TrainConfig, done: int, loss: float,

@@ -20,8 +20,9 @@ __all__ = ["Progress", "minutes"]
 
 
 def minutes(seconds: float) -> str:
-    """``seconds`` as a short count of minutes (``"0.42"``, ``"12.3"``)."""
-    return f"{seconds / 60:.2g}" if seconds < 60 else f"{seconds / 60:.3g}"
+    """``seconds`` as a short count of minutes (``"0.04"``, ``"2.5"``, ``"12"``)."""
+    m = seconds / 60
+    return f"{m:.2f}" if m < 1 else f"{m:.1f}" if m < 10 else f"{m:.0f}"
 
 
 class Progress:
@@ -41,13 +42,13 @@ class Progress:
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- a counted phase
-    def start(self, phase: str, total: float, unit: str = "", bar_text: str = "") -> None:
-        """Begin ``phase`` with ``total`` units (a budget's permille, iterations, clouds)."""
+    def start(self, phase: str, total: float, bar_text: str = "") -> None:
+        """Begin ``phase`` (e.g. ``"flow training"``) with ``total`` units (a budget's
+        permille, iterations, clouds); ``bar_text`` follows the bar (tqdm fields allowed)."""
         self.close()
         if not self.enabled:
             return
-        self.phase = phase
-        self.bar = tqdm(total=total, desc=self._desc(phase), dynamic_ncols=True, unit=unit,
+        self.bar = tqdm(total=total, desc=self._desc(phase), dynamic_ncols=True,
                         bar_format="{desc}: {percentage:3.0f}%|{bar}| " + bar_text
                                    + "{postfix}")  # fmt: skip
 
@@ -87,7 +88,7 @@ class Progress:
                 text += f" of ~{minutes(expected_s)}"
             with self._lock:
                 if self.bar is not None:
-                    self.bar.set_description_str(self._desc(f"{text} {self.kind} min"))
+                    self.bar.set_description_str(f"{before}, {text} {self.kind} min")
 
         def tick() -> None:
             while not stop.wait(self.tick_s):

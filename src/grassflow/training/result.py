@@ -27,6 +27,12 @@ class TrainResult:
         val_cpu_seconds: validation CPU seconds, summed over invocations.
         val_wall_seconds: validation wall seconds, summed over invocations.
         threads: torch intra-op threads of this invocation.
+        last_val_seconds: what the latest validation of this invocation took on the budget's
+            clock (None: none ran), to estimate the cost of scoring more points.
+        budget_left_seconds: what this invocation left of its budget on that clock (None:
+            no budget), for the caller's work after training.
+        val_points: how many validation points each validation scored (None: no validation
+            data).
     """
 
     iterations: int
@@ -42,6 +48,9 @@ class TrainResult:
     val_cpu_seconds: float = 0.0
     val_wall_seconds: float = 0.0
     threads: int = 1
+    last_val_seconds: float | None = None
+    budget_left_seconds: float | None = None
+    val_points: int | None = None
 
 
 class TrainingDiverged(RuntimeError):

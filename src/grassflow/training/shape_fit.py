@@ -19,6 +19,8 @@ from .checkpoint import checkpoint_path, load_checkpoint
 from .config import TrainConfig
 from .loop import train
 from .objectives import OBJECTIVES
+from .progress import Progress
+from .result import TrainResult
 
 __all__ = ["GramTerm", "load_shape_flow", "train_shape_flow"]
 
@@ -47,8 +49,8 @@ def train_shape_flow(
     *,
     objective: str = "fm",
     n_val_flow: int | None = None,
-    progress: bool = True,
-) -> None:
+    progress: bool | Progress = True,
+) -> tuple[TrainResult, TrainResult]:
     """Train (or continue) both parts of ``model``, each resumably in its own directory.
 
     First the flow on the canonical representatives of the training clouds' spans, by
@@ -68,16 +70,21 @@ def train_shape_flow(
         objective: the flow's.
         n_val_flow: validation clouds for the flow's exact NLL (None: all); the Gram density
             is validated on all of them.
-        progress: show progress bars.
+        progress: show progress (or a command's `Progress` line, shared by both parts).
+
+    Returns:
+        The two parts' `TrainResult`: the flow's, then the Gram density's.
     """
     run_dir = Path(run_dir)
     Y_train, S_train = model.factor(train_clouds)
     Y_val = model.factor(val_clouds[:n_val_flow])[0]
     model.gram.initialize(S_train, Y_train)
-    train(model.flow, Y_train, flow, run_dir / "flow", val_data=Y_val,
-          objective=OBJECTIVES[objective], resume=True, progress=progress)  # fmt: skip
-    train(GramTerm(model), train_clouds, gram, run_dir / "gram", val_data=val_clouds,
-          objective=OBJECTIVES["mle"], resume=True, progress=progress)  # fmt: skip
+    flow_result = train(model.flow, Y_train, flow, run_dir / "flow", val_data=Y_val,
+                        objective=OBJECTIVES[objective], resume=True, progress=progress)
+    gram_result = train(GramTerm(model), train_clouds, gram, run_dir / "gram",
+                        val_data=val_clouds, objective=OBJECTIVES["mle"], resume=True,
+                        progress=progress)  # fmt: skip
+    return flow_result, gram_result
 
 
 def load_shape_flow(model: ShapeFlow, run_dir: str | Path, which: str = "best") -> ShapeFlow:

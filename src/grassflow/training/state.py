@@ -37,6 +37,9 @@ class TrainState:
         saved_iteration: iteration stored in ``last.pt`` (None if not written yet).
         spent_total_budget: the ``total_budget_minutes`` that stopped the run, if it did; a
             rerun with a total no larger than this trains no further.
+        val_points: validation scores the first this many points (None: all of them), when
+            a budget could not afford all (``TrainConfig.val_share``); fixed for the run,
+            so its validation NLLs stay comparable.
     """
 
     iteration: int = 0
@@ -47,6 +50,7 @@ class TrainState:
     val: Stopwatch = field(default_factory=Stopwatch)
     saved_iteration: int | None = None
     spent_total_budget: float | None = None
+    val_points: int | None = None
 
 
 def make_optimizer(
@@ -95,6 +99,7 @@ def save_last(
             **_times(state),
             "threads": torch.get_num_threads(),
             "spent_total_budget": state.spent_total_budget,
+            "val_points": state.val_points,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": None if scheduler is None else scheduler.state_dict(),
@@ -176,6 +181,7 @@ def load_last(
         val=Stopwatch(float(ckpt.get("val_cpu_s", 0.0)), float(ckpt.get("val_wall_s", 0.0))),
         saved_iteration=int(ckpt["iteration"]),
         spent_total_budget=ckpt.get("spent_total_budget"),
+        val_points=ckpt.get("val_points"),
     )
 
 
