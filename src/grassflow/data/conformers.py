@@ -254,7 +254,7 @@ def conformer_ensemble(
     }  # fmt: skip
     sources = [f"{smiles}#chain{i % C}.state{i // C}" for i in range(len(positions))]
     return ConformerEnsemble(positions, np.broadcast_to(labels, positions.shape[:2]).copy(),
-                             sources, [], bonds, smiles, stats)  # fmt: skip
+                             sources, [], bonds=bonds, smiles=smiles, stats=stats)  # fmt: skip
 
 
 def save_ensemble(path: str | os.PathLike, ens: ConformerEnsemble) -> Path:
@@ -286,8 +286,8 @@ def load_ensemble(path: str | os.PathLike) -> ConformerEnsemble:
         raise ValueError(f"{path}: positions {P.shape}, labels {labels.shape} and bonds "
                          f"{bonds.shape} do not fit (N, n, 3), (n,), (B, 2)")  # fmt: skip
     return ConformerEnsemble(P, np.broadcast_to(labels, P.shape[:2]).copy(),
-                             [f"{path.name}[{i}]" for i in range(len(P))], [], bonds, smiles,
-                             stats)  # fmt: skip
+                             [f"{path.name}[{i}]" for i in range(len(P))], [], bonds=bonds,
+                             smiles=smiles, stats=stats, labels_from=f"{path}:labels")  # fmt: skip
 
 
 def cached_ensemble(path: str | os.PathLike, smiles: str, n: int, **kwargs) -> ConformerEnsemble:
