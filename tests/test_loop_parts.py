@@ -222,3 +222,31 @@ def test_cli_reports_ctrl_c_in_one_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 130 and len(err) == 1
     assert "iteration 7" in err[0] and "--resume" in err[0] and "Traceback" not in err[0]
+
+
+def test_unfinished_runs_are_named(tmp_path):
+    # catches: `eval`/`sample` using a run cut short without a word
+    from grassflow.tasks.run_dir import unfinished_warning
+
+    data, cfg = dataset(50), config(checkpoint_every=5)
+    train(Watson(), data, cfg, tmp_path / "done", progress=False)
+    assert unfinished_warning(tmp_path / "done") is None
+
+    def stop(iteration, model, record):
+        if iteration == 12:
+            raise KeyboardInterrupt
+
+    with pytest.raises(TrainingInterrupted):
+        train(Watson(), data, cfg, tmp_path / "cut", progress=False, callback=stop)
+    assert "was interrupted at iteration 12" in unfinished_warning(tmp_path / "cut")
+
+    def crash(iteration, model, record):
+        if iteration == 12:
+            raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError):
+        train(Watson(), data, cfg, tmp_path / "crash" / "flow", progress=False, callback=crash)
+    assert "did not finish (a crash?) at iteration 10" in unfinished_warning(tmp_path / "crash")
+    # resumed to the end, the warning goes
+    train(Watson(), data, cfg, tmp_path / "crash" / "flow", resume=True, progress=False)
+    assert unfinished_warning(tmp_path / "crash") is None

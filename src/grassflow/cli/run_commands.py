@@ -144,7 +144,18 @@ def _run_kind(run_dir: str):
     return kind, registry.get(kind)
 
 
+def _warn_if_unfinished(run_dir: str) -> None:
+    import sys
+
+    from ..tasks.run_dir import unfinished_warning
+
+    line = unfinished_warning(run_dir)
+    if line is not None:
+        print(line, file=sys.stderr)
+
+
 def cmd_eval(args) -> None:
+    _warn_if_unfinished(args.run_dir)
     if args.data is not None:  # a user's held-out file, beside eval.json (which stays)
         from ..tasks.registry import evaluate_on_data
 
@@ -170,6 +181,7 @@ def _split_fractions(text: str) -> tuple[float, float]:
 
 
 def cmd_sample(args) -> None:
+    _warn_if_unfinished(args.run_dir)
     kind, run_kind = _run_kind(args.run_dir)
     if run_kind.sample is None:
         raise ValueError(f"{args.run_dir} is a run of kind {kind!r}, which `grassflow sample` "

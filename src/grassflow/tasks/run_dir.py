@@ -31,6 +31,7 @@ __all__ = [
     "RunMismatch",
     "claim_run_dir",
     "data_identity",
+    "unfinished_warning",
     "load_trained",
     "read_preset",
     "test_subset",
@@ -239,3 +240,21 @@ def test_subset(test: torch.Tensor, n: int | None, seed: int = 0) -> torch.Tenso
         return test
     keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(seed))[:n]
     return test[keep.sort().values]
+
+
+def unfinished_warning(run_dir: str | Path) -> str | None:
+    """A line that warns that the training in ``run_dir`` (or its parts ``flow/`` and
+    ``gram/``) stopped before its budget or iterations (Ctrl-C, a crash), or None."""
+    run_dir = Path(run_dir)
+    for part in (run_dir, run_dir / "flow", run_dir / "gram"):
+        if (part / "last.pt").exists():
+            # checkpoints from before `TrainState.stopped` say nothing: no warning
+            ckpt = load_checkpoint(part / "last.pt", required=("iteration",))
+            stopped = ckpt.get("stopped", "unknown")
+            if stopped in (None, "interrupted"):
+                how = "was interrupted" if stopped else "did not finish (a crash?)"
+                return (f"warning: the training in {part} {how} at iteration "
+                        f"{ckpt['iteration']}, before its budget or iterations; these "
+                        "results are of an unfinished run (`grassflow train ... --resume` "
+                        "continues it)")  # fmt: skip
+    return None

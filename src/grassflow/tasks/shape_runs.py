@@ -387,13 +387,18 @@ def _sample_comment(exp: ShapeExperiment, run_dir: str | Path, seed: int) -> str
     return f"grassflow {model_name(exp)} sample, seed {seed}, run {where}"
 
 
-def sample(run_dir: str | Path, n: int, seed: int = 0, save: bool = True) -> np.ndarray:
+def sample(run_dir: str | Path, n: int, seed: int = 0, save: bool = True,
+           progress: bool = False) -> np.ndarray:  # fmt: skip
     """``n`` generated clouds ``(n, n_points, d)``, centred; with ``save``, also written to
     ``samples.npy`` (and ``samples.xyz`` for 3-D clouds, with the shared labels if any as
-    element symbols, and the model in each frame's comment line; see `save_clouds`)."""
+    element symbols, and the model in each frame's comment line; see `save_clouds`).
+    ``progress``: show the CPU time it takes on a progress line."""
     exp, model = load_run(run_dir)
-    with torch.no_grad():
+    display = Progress(Path(run_dir).name, enabled=progress)
+    display.start(f"sampling {n} clouds", 1)
+    with torch.no_grad(), display.blocking("solving"):
         X = model.sample(n, torch.Generator().manual_seed(seed)).numpy()
+    display.close()
     if not save:
         return X
     save_clouds(X, Path(run_dir) / "samples.npy", exp.labels, _sample_comment(exp, run_dir, seed))
@@ -539,14 +544,14 @@ def save_sampled_clouds(
 
 
 def _eval_line(run_dir: Path, n_samples: int, seed: int) -> str:
-    r = evaluate(run_dir, n_samples=n_samples, seed=seed)
+    r = evaluate(run_dir, n_samples=n_samples, seed=seed, progress=True)
     what = f"{r['potential']} potential" if r["model"] == "shapeflow" else r["model"]
     return (f"[{r['n_points']} points in {r['dim']}-D, {what}] test NLL {nll_summary(r)} | "
             f"pair-distance JSD {r['distance_jsd']:.4f}")  # fmt: skip
 
 
 def _eval_data_line(run_dir: Path, data: Path, key: str | None, n_samples: int, seed: int) -> str:
-    r = evaluate(run_dir, n_samples=n_samples, seed=seed, data=data, key=key)
+    r = evaluate(run_dir, n_samples=n_samples, seed=seed, data=data, key=key, progress=True)
     what = f"{r['potential']} potential" if r["model"] == "shapeflow" else r["model"]
     notes = [f"{r['n_skipped']} rank-deficient clouds skipped"] if r["n_skipped"] else []
     if not r["labels_checked"]:
@@ -559,7 +564,7 @@ def _eval_data_line(run_dir: Path, data: Path, key: str | None, n_samples: int, 
 
 def _sample_line(run_dir: Path, n: int, seed: int, out: Path) -> str:
     exp = read_preset(run_dir, ShapeExperiment.from_dict, "shape")
-    return save_sampled_clouds(sample(run_dir, n, seed), out, exp.labels,
+    return save_sampled_clouds(sample(run_dir, n, seed, progress=True), out, exp.labels,
                                _sample_comment(exp, run_dir, seed))  # fmt: skip
 
 

@@ -240,6 +240,7 @@ def train(
         logger.info(message)
         return result("budget", message)
     state.spent_total_budget = None  # set again if this invocation's total budget runs out
+    state.stopped = None  # until this invocation ends
     shared = isinstance(progress, Progress)  # a command's line: name the part trained
     display = progress if shared else Progress(run_dir.name, enabled=progress, kind=kind)
     display.enabled = display.enabled and main
@@ -313,6 +314,8 @@ def train(
                 # recorded in last.pt, so a rerun with the same total does not train again
                 state.spent_total_budget = config.total_budget_minutes if budget.by_total \
                     else None  # fmt: skip
+            if final:
+                state.stopped = "budget" if out_of_budget else "done"
             if done % config.checkpoint_every == 0 or final:
                 checkpoint()
             if out_of_budget:
@@ -348,6 +351,7 @@ def _interrupted(state: TrainState, checkpoint, step_rng, unsafe: bool,
     """Save what Ctrl-C left (the last finished step, with the RNG of the step that was cut
     short, so a resumed run goes on as an uninterrupted one would) and say so."""
     saved = False
+    state.stopped = "interrupted"
     if not unsafe:
         try:
             checkpoint(step_rng)

@@ -40,6 +40,8 @@ class TrainState:
         val_points: validation scores the first this many points (None: all of them), when
             a budget could not afford all (``TrainConfig.val_share``); fixed for the run,
             so its validation NLLs stay comparable.
+        stopped: how the invocation that wrote ``last.pt`` ended: ``"done"``, ``"budget"``,
+            ``"interrupted"`` (Ctrl-C), or None while it ran (or when it crashed).
     """
 
     iteration: int = 0
@@ -51,6 +53,7 @@ class TrainState:
     saved_iteration: int | None = None
     spent_total_budget: float | None = None
     val_points: int | None = None
+    stopped: str | None = None
 
 
 def make_optimizer(
@@ -100,6 +103,7 @@ def save_last(
             "threads": torch.get_num_threads(),
             "spent_total_budget": state.spent_total_budget,
             "val_points": state.val_points,
+            "stopped": state.stopped,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": None if scheduler is None else scheduler.state_dict(),
@@ -182,6 +186,7 @@ def load_last(
         saved_iteration=int(ckpt["iteration"]),
         spent_total_budget=ckpt.get("spent_total_budget"),
         val_points=ckpt.get("val_points"),
+        stopped=ckpt.get("stopped", "unknown"),  # checkpoints from before it: unknown
     )
 
 
