@@ -86,10 +86,11 @@ class BudgetClock:
 
     def reserve(self, cost: float | None, points: int = 1) -> float:
         """Seconds kept free for the final validation (``cost``, of ``points`` points) and
-        the work after training (``reserve_points`` more), when validation is charged."""
+        the work after training (``reserve_points`` more, at most half the limit: training
+        comes first), when validation is charged."""
         if not self.charge_validation or cost is None:
             return 0.0
-        return cost * (1.0 + self.reserve_points / points)
+        return cost + min(cost * self.reserve_points / points, 0.5 * self.limit_s)
 
     def exhausted(self) -> bool:
         """No time left before the first step (a total budget spent by earlier runs)."""
