@@ -42,8 +42,8 @@ def test_budget_clock_reserves_the_final_validation_and_the_work_after():
     clock.add_validation(6.0)  # one validation of 12 points: 0.5 s a point
     # next step at 2 s: 20 + 2 + 6 (spent validating) + 6 (the final one) + 15 (30 points)
     assert clock.reserve(6.0, 12) == pytest.approx(21.0)
-    clock.reserve_points = 1000  # the work after training gets at most half the limit
-    assert clock.reserve(6.0, 12) == pytest.approx(6.0 + 30.0)
+    clock.reserve_points = 1000  # work after training that would take most of the limit
+    assert clock.reserve(6.0, 12) == pytest.approx(6.0)  # gets nothing: training first
     clock.reserve_points = 30
     assert not clock.out_of_budget(6.0, 12)  # 49 <= 60
     state.train.cpu = 30.0  # 10 steps of 3 s: 30 + 3 + 6 + 21 = 60, not over

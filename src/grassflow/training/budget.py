@@ -86,11 +86,13 @@ class BudgetClock:
 
     def reserve(self, cost: float | None, points: int = 1) -> float:
         """Seconds kept free for the final validation (``cost``, of ``points`` points) and
-        the work after training (``reserve_points`` more, at most half the limit: training
-        comes first), when validation is charged."""
+        the work after training (``reserve_points`` more), when validation is charged. Work
+        after training that would take more than half the limit gets nothing: training
+        comes first, and the caller skips that work (or announces it)."""
         if not self.charge_validation or cost is None:
             return 0.0
-        return cost + min(cost * self.reserve_points / points, 0.5 * self.limit_s)
+        after = cost * self.reserve_points / points
+        return cost + (after if after <= 0.5 * self.limit_s else 0.0)
 
     def exhausted(self) -> bool:
         """No time left before the first step (a total budget spent by earlier runs)."""

@@ -78,7 +78,8 @@ class TrainConfig:
             leave less training time than it takes is then skipped (the final one never is).
         reserve_points: with ``charge_validation``, also keep the time of scoring this many
             validation points free for the caller's work after training (a test
-            evaluation), >= 0; at most half the budget is kept so.
+            evaluation), >= 0; if that would take more than half the budget, nothing is
+            kept (training comes first; the caller then skips or announces that work).
         val_share: with ``charge_validation`` and a budget, one validation takes at most
             this share of the invocation's limit: the first is priced on a few points, and
             if all of ``val_data`` would cost more, the run validates on its first points
