@@ -22,7 +22,11 @@ class Checkpointer:
 
     Args:
         run_dir: the run directory.
-        config, model, optimizer, scheduler, stream: what ``last.pt`` holds.
+        config: the run's configuration (saved with every checkpoint).
+        model: the model trained.
+        optimizer: its optimizer.
+        scheduler: its lr schedule, or None.
+        stream: the batch stream (its position is saved).
         write: whether this process writes files (rank 0 of a torchrun job).
         gather_rng: with several ranks, every rank's RNG state (a collective call);
             None: one process, whose own state is saved.
