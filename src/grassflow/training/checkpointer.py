@@ -33,7 +33,8 @@ class Checkpointer:
     """
 
     def __init__(self, run_dir: Path, config: TrainConfig, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, scheduler, stream: BatchStream, *,
+                 optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler | None, stream: BatchStream, *,
                  write: bool = True,
                  gather_rng: Callable[[], list[dict]] | None = None):  # fmt: skip
         self.last_path, self.best_path = run_dir / "last.pt", run_dir / "best.pt"
