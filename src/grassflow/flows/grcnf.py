@@ -138,20 +138,23 @@ class GrCNF(nn.Module):
         return self.prior().log_prob_unchecked(Y)
 
     # --------------------------------------------------------------- dynamics
-    def _dynamics(self, sign: float, exact: bool | None, Y_like: Tensor):
-        """ODE right-hand side in rescaled time s: ``(T X(sT, Y), sign * T div X)``."""
+    def _dynamics(self, sign: float, divergence: str | None, Y_like: Tensor):
+        """ODE right-hand side in rescaled time s: ``(T X(sT, Y), sign * T div X)``, with the
+        ``"exact"`` or ``"hutchinson"`` divergence; ``divergence=None``: transport only (the
+        divergence part is zero)."""
         T = self.T.to(Y_like)
-        noise = torch.randn_like(Y_like) if exact is False else None  # fixed per solve (FFJORD)
+        hutchinson = divergence == "hutchinson"
+        noise = torch.randn_like(Y_like) if hutchinson else None  # fixed per solve (FFJORD)
         create_graph = torch.is_grad_enabled()
         fast = getattr(self.field, "field_and_divergence", None)
 
         def dynamics(s: Tensor, Y: Tensor) -> tuple[Tensor, Tensor]:
             t = s * T
-            if exact is None:
+            if divergence is None:
                 return T * self.field(t, Y), Y.new_zeros(Y.shape[:-2])
             if fast is not None:
                 X, div = fast(t, Y, noise, create_graph=create_graph)
-            elif exact:
+            elif not hutchinson:
                 X, div = divergence_exact(lambda Z: self.field(t, Z), Y)
             else:
                 X, div = divergence_hutchinson(lambda Z: self.field(t, Z), Y, noise)
@@ -159,8 +162,11 @@ class GrCNF(nn.Module):
 
         return dynamics
 
-    def _solve(self, Y: Tensor, a: Tensor, s0: float, s1: float, sign: float, exact):
-        dynamics = self._dynamics(sign, exact, Y)
+    def _solve(
+        self, Y: Tensor, a: Tensor, s0: float, s1: float, sign: float, divergence: str | None
+    ):
+        """Solve from s0 to s1 carrying ``a`` (``divergence`` as in `_dynamics`)."""
+        dynamics = self._dynamics(sign, divergence, Y)
         Y1, a1, stats = odeint_grassmann(
             dynamics,
             Y,
@@ -173,15 +179,18 @@ class GrCNF(nn.Module):
             adjoint=self.adjoint,
             adjoint_params=tuple(self.parameters()) if self.adjoint else None,
         )
-        if exact is not None and hasattr(self.field, "last_path"):
+        if divergence is not None and hasattr(self.field, "last_path"):
             stats["divergence_path"] = self.field.last_path
         self.last_stats = stats
         return Y1, a1
 
-    def _exact(self, exact: bool | None) -> bool:
-        if exact is not None:
-            return exact
-        return self.divergence == "exact" or not self.training
+    def _divergence(self, exact: bool | None) -> str:
+        """The divergence a density uses: ``exact`` True/False forces ``"exact"`` /
+        ``"hutchinson"``; None (the public default) means exact in ``eval()`` mode and the
+        ``divergence`` setting in ``train()`` mode."""
+        if exact is None:
+            exact = self.divergence == "exact" or not self.training
+        return "exact" if exact else "hutchinson"
 
     def _check(self, Y: Tensor, name: str) -> None:
         """Shape, then dtype and device (metadata, so no values are read from a wrong device),
@@ -219,7 +228,7 @@ class GrCNF(nn.Module):
         """
         self._check(Y, "Y")
         # a(s) with a(1) = 0 and da/ds = T div  =>  a(0) = -int_0^T div dt
-        Y0, a0 = self._solve(Y, Y.new_zeros(Y.shape[:-2]), 1.0, 0.0, 1.0, self._exact(exact))
+        Y0, a0 = self._solve(Y, Y.new_zeros(Y.shape[:-2]), 1.0, 0.0, 1.0, self._divergence(exact))
         return self._prior_log_prob(Y0) + a0
 
     def forward(self, Y: Tensor) -> Tensor:
@@ -242,4 +251,4 @@ class GrCNF(nn.Module):
         """Samples ``(n, D, k)`` and their log-densities ``(n,)`` in one forward solve."""
         Y0 = self.sample_prior(n, generator)
         a0 = self._prior_log_prob(Y0)
-        return self._solve(Y0, a0, 0.0, 1.0, -1.0, self._exact(exact))
+        return self._solve(Y0, a0, 0.0, 1.0, -1.0, self._divergence(exact))
