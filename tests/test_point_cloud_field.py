@@ -4,7 +4,8 @@ the span's whitened points, and ShapeFlow(field="egnn") built on it.
 The field is checked against its defining properties (horizontal, O(k)-equivariant,
 equivariant under relabelling through ``Q = H^T Pi H``), the GrCNF it drives against the
 uniform law by quadrature on Gr(2, 4) (clouds of n = 5 points in R^2, so n > d + 2), and the
-whole ShapeFlow against an isotropic Gaussian by Monte Carlo in both directions.
+whole ShapeFlow against a multivariate t (quadrature over the span, Monte Carlo over the Gram
+matrix and orientation).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from grassflow.manifolds import Grassmann
 from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.nn import EGNNField, PointCloudField
 from quadrature import grassmann_rule, log_volume_grassmann
-from test_shape_flow import calibrate_gram
+from test_shape_flow import calibrate_gram, haar, stratified_mean
 
 TIGHT = {"atol": 1e-7, "rtol": 1e-7}
 
@@ -127,14 +128,21 @@ class Recorder(nn.Module):
 
 def calibrate_distance_gram(model: ShapeFlow, S: torch.Tensor, Y: torch.Tensor) -> None:
     """Random pair-target heads (so the centre S*(Y) depends on the span) and log-widths 0.7,
-    the smallest variance of the weights against the test's isotropic Gaussian (0.3 to 1.0
-    tried)."""
+    the smallest variance of the weights against the test's proposal (0.3 to 1.0 tried
+    against a Gaussian; 0.5 and 0.7 against the t)."""
     gram, gen = model.gram, torch.Generator().manual_seed(2)
     gram.initialize(S, Y)
     with torch.no_grad():
         w = gram.pair[-1].weight
         w.copy_(0.05 * torch.randn(w.shape, generator=gen, dtype=w.dtype))
         gram.spread.bias[: 2 * gram.components] = math.log(0.7)
+
+
+class ZeroField(nn.Module):
+    """The zero field: the flow is the identity, so its Grassmann part is uniform."""
+
+    def forward(self, t, Y):
+        return 0.0 * Y
 
 
 @pytest.mark.parametrize("gram", ["wishart", "distance"])
@@ -144,14 +152,18 @@ def test_shape_flow_egnn_is_normalized_and_invariant(gram):
     # live), or one that is not invariant to translation, O(d) and relabelling. "distance" is
     # the default model of `grassflow train --data`, built by the experiment's own builder
     # (a default that reached another Gram density, or S fed to it in another scale or basis
-    # than its span's, would fail).
-    # int p dP' = E_q[p / q] = 1 with q = N(0, s2 I) on the Helmert coordinates. Under q the
-    # span is uniform and independent of S and the orientation, and q depends on S alone; the
-    # span is integrated by the quadrature rule (p_Gr of an EGNN field has narrow peaks, up to
-    # 10x its mean, that make plain Monte Carlo weak) and S and the orientation by Monte Carlo.
-    # The Wishart Gram density is test_shape_flow's calibrated one (finite variance of the
-    # weights). The log-normal's weights vary more, so its test detects 15 % errors, not 3 %:
-    # a Jacobian exponent or a scale of S off by a factor moves the total by far more.
+    # than its span's, would fail). Both detect a density 3 % off (power asserted).
+    # int p dP' = E_q[p / q] = 1 with q a multivariate t (nu = 10, scale s2) on the Helmert
+    # coordinates: a scale mixture of isotropic Gaussians, so under q the span is uniform and
+    # independent of the Gram matrix (in a Haar frame of the span) and the orientation. Its
+    # polynomial tail bounds p / q for the log-normal Gram density too (a Gaussian q has
+    # E[(p / q)^2] infinite there, and its estimates came out ~1 % low). The span is integrated
+    # by the quadrature rule (p_Gr of an EGNN field has narrow peaks, up to 10x its mean, that
+    # make plain Monte Carlo weak) and the Gram matrix and orientation by Monte Carlo, K
+    # clouds per node: p / q = g(Y) r(S, Y) with g = V_Gr p_Gr from the whole model on one
+    # cloud per node, and r (the Gram and Jacobian parts) from the same model with a zero
+    # field (its Grassmann part is then 1 / V_Gr), which costs no ODE. The Wishart Gram
+    # density is test_shape_flow's calibrated one.
     from grassflow.nn.gram import DistanceGram
     from grassflow.tasks.shape_runs import ShapeExperiment, build_model
 
@@ -167,28 +179,43 @@ def test_shape_flow_egnn_is_normalized_and_invariant(gram):
         model = build_model(exp).eval()
         assert isinstance(model.gram, DistanceGram) and exp.potential == "egnn"
     assert isinstance(model.flow.field, PointCloudField)
-    model.flow.field = Recorder(make_field(n, d, rms=0.3))  # the quadrature test's field
+    field = model.flow.field = Recorder(make_field(n, d, rms=0.3))  # the quadrature test's
     U, wq = grassmann_rule(d, n - 1, 15)
-    m, s2, gen = len(U), 1.0 / (n - 1), torch.Generator().manual_seed(1)
-    Pp = math.sqrt(s2) * torch.randn(m, n - 1, d, generator=gen)
-    S = model.factor(helmert_basis(n) @ Pp)[1]  # q's law of S
-    if gram == "distance":
-        calibrate_distance_gram(model, S, U)
-    R = torch.linalg.qr(torch.randn(m, d, d, generator=gen))[0]  # Haar orientations
-    P = helmert_basis(n) @ (U @ S.sqrt() @ R)  # S is diagonal
-    log_q = -0.5 * Pp.square().sum((-2, -1)) / s2 - 0.5 * (n - 1) * d * math.log(2 * math.pi * s2)
+    m, K, nu, s2 = len(U), 16, 10, 1.0 / (n - 1)
+    D, H, gen = (n - 1) * d, helmert_basis(n), torch.Generator().manual_seed(1)
+    if gram == "distance":  # initialized on Gaussian clouds, as on data
+        Pc = math.sqrt(s2) * torch.randn(m, n - 1, d, generator=gen)
+        calibrate_distance_gram(model, model.factor(H @ Pc)[1], U)
+    chi2 = torch.randn(m * K, nu, generator=gen).square().sum(-1)
+    Pp = math.sqrt(s2) * torch.randn(m * K, n - 1, d, generator=gen)
+    Pp = Pp / (chi2 / nu).sqrt()[:, None, None]
+    S = model.factor(H @ Pp)[1]  # diagonal: q's law of the Gram matrix's eigenvalues
+    # the Gram matrix in the span's basis is O S O^T with O Haar (S diagonal in the basis of
+    # the rule's node would integrate p(S | Y) over one frame only: E[r | Y] != 1 when p(S | Y)
+    # is not isotropic, up to 40 % off at single nodes); R is the orientation
+    O, R = haar(m * K, d, gen), haar(m * K, d, gen)
+    P = H @ (U.repeat_interleave(K, 0) @ O @ S.sqrt() @ R)
+    log_q = (math.lgamma((nu + D) / 2) - math.lgamma(nu / 2) - D / 2 * math.log(nu * math.pi * s2)
+             - (nu + D) / 2 * torch.log1p(Pp.square().sum((-2, -1)) / (nu * s2)))  # fmt: skip
+    log_vol = model.manifold.log_volume()
     with torch.no_grad():
-        terms = model.log_prob_terms(P)
-    assert model.flow.field.calls > 0
-    g = torch.exp(terms["grassmann"] + model.manifold.log_volume())  # p_Gr / uniform
-    r = torch.exp(terms["log_prob"] - log_q) / g  # the Gram and Jacobian parts' weight
+        terms = model.log_prob_terms(P[::K])  # the whole model, one cloud per node
+        assert field.calls > 0
+        model.flow.field = ZeroField()
+        flat = model.log_prob_terms(P)
+        model.flow.field = field
+    torch.testing.assert_close(flat["grassmann"], torch.full((m * K,), -log_vol), atol=1e-9,
+                               rtol=0)  # fmt: skip
+    torch.testing.assert_close(flat["log_prob"][::K] - flat["grassmann"][::K],
+                               terms["log_prob"] - terms["grassmann"], atol=1e-9, rtol=0)
+    g = torch.exp(terms["grassmann"] + log_vol)  # p_Gr / uniform, per node
+    r = torch.exp(flat["log_prob"] - log_q).reshape(m, K)  # the Gram and Jacobian parts' weight
     assert (g.log().abs().max() > 0.5) and (r.std() > 0.05)  # power: neither part is q's
-    total = (wq * g * r).sum().item()
-    tol = 4.0 * (wq * g * (r - r.mean())).square().sum().sqrt().item() + 3e-4
-    power = {"wishart": 0.03, "distance": 0.15}[gram]  # an error of p it detects
-    assert tol < power / 2  # power: such an error is more than tol + 3 standard errors off
+    total, se = stratified_mean(r, wq * g)
+    tol = 4.0 * se + 3e-4  # 3e-4: the rule's error on g (test_grcnf_..._by_quadrature)
+    assert tol + 2.5 * se < 0.03, (tol, se)  # power: a 3 % error is > tol + 2.5 se off
     assert abs(total - 1.0) < tol, (total, tol)
-    P, lp = P[:6], terms["log_prob"][:6]
+    P, lp = P[::K][:6], terms["log_prob"][:6]
     Q = random_orthogonal(d, reflect=True)
     with torch.no_grad():
         for P2 in (P @ Q + 3.0, P[:, torch.randperm(n)], P[:, [1, 2, 3, 4, 0]]):
