@@ -207,7 +207,8 @@ def test_shape_flow_egnn_is_normalized_and_invariant(gram):
     torch.testing.assert_close(flat["grassmann"], torch.full((m * K,), -log_vol), atol=1e-9,
                                rtol=0)  # fmt: skip
     torch.testing.assert_close(flat["log_prob"][::K] - flat["grassmann"][::K],
-                               terms["log_prob"] - terms["grassmann"], atol=1e-9, rtol=0)
+                               terms["log_prob"] - terms["grassmann"], atol=1e-9,
+                               rtol=0)  # fmt: skip
     g = torch.exp(terms["grassmann"] + log_vol)  # p_Gr / uniform, per node
     r = torch.exp(flat["log_prob"] - log_q).reshape(m, K)  # the Gram and Jacobian parts' weight
     assert (g.log().abs().max() > 0.5) and (r.std() > 0.05)  # power: neither part is q's
