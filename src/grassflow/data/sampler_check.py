@@ -15,8 +15,8 @@ import torch
 from matplotlib.figure import Figure
 from scipy.stats import ks_2samp
 
+from ..io import write_json
 from ..metrics import histogram, jsd
-from ..training.checkpoint import write_json
 from .particle_files import SOURCE_FILES, shared_data_dir
 from .particles import get_system
 

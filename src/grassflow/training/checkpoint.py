@@ -6,14 +6,14 @@ then renamed over the old one, so a crash mid-write never leaves a truncated ``l
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..io import atomic_write, atomic_write_bytes, write_json  # the last two re-exported
 
 __all__ = [
     "CheckpointError", "atomic_save", "atomic_write_bytes", "checkpoint_path", "load_checkpoint",
@@ -29,49 +29,9 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing keys, corrupt or unreadable. The message names the file."""
 
 
-def _fsync_dir(directory: Path) -> None:
-    # makes the rename itself durable; not supported everywhere (e.g. Windows), so best effort
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic(path: Path, write) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj)`` to ``path`` atomically (temp file, fsync, ``os.replace``)."""
-    _atomic(Path(path), lambda f: torch.save(obj, f))
-
-
-def atomic_write_bytes(data: bytes, path: str | os.PathLike) -> None:
-    """Write ``data`` to ``path`` atomically."""
-    _atomic(Path(path), lambda f: f.write(data))
-
-
-def write_json(obj: Any, path: str | os.PathLike) -> None:
-    """Pretty JSON to ``path`` atomically."""
-    atomic_write_bytes((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), path)
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict:
