@@ -36,7 +36,7 @@ from grassflow.training.checkpoint import write_json
 from grassflow.training.clock import Stopwatch
 from grassflow.training.rng import seeded_init
 
-from .vs_enf import SHAPES, data_dir_of, eval_summary, load_enf_splits
+from .enf_protocol import SHAPES, data_dir_of, eval_summary, load_enf_splits
 
 SYSTEMS = {**SHAPES, "qm9": (19, 3)}  # QM9 positional: 19 atoms, E-NF's split
 # preset fields added after runs were made: the value those runs had without saying so
@@ -147,7 +147,7 @@ def build_model(exp: EFMExperiment) -> EquivariantCNF:
 
 
 def load_splits(system: str, n_train: int, data_dir: str | None = None) -> dict:
-    """``{"train", "val", "test"}`` clouds ``(N, n, d)`` float64: `vs_enf.load_enf_splits`
+    """``{"train", "val", "test"}`` clouds ``(N, n, d)`` float64: `enf_protocol.load_enf_splits`
     for DW4 and LJ13; for QM9 the first ``n_train`` training molecules of E-NF's split, its
     validation and its 1,813 test molecules (centred)."""
     if system != "qm9":

@@ -27,13 +27,11 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from grassflow.data.overlap import distinct_rows, novel_mask
-from grassflow.data.particle_files import missing_files, shared_data_dir
+from grassflow.data.overlap import novel_mask
 from grassflow.flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow
 from grassflow.flows.shape_flow import preset_field_options
 from grassflow.manifolds.shape_space import helmert_basis
@@ -46,7 +44,7 @@ from grassflow.tasks.run_dir import (
     test_subset,
     training_status,
 )
-from grassflow.tasks.shape_runs import nll_summary, save_sampled_clouds, split_budget
+from grassflow.tasks.shape_runs import save_sampled_clouds, split_budget
 from grassflow.training import (
     OBJECTIVES,
     TrainConfig,
@@ -58,35 +56,29 @@ from grassflow.training.checkpoint import write_json
 from grassflow.training.clock import Stopwatch
 from grassflow.training.rng import seeded_init
 
+from . import efm  # the baseline's runs, which `sweep` runs too
+from .enf_protocol import (  # re-exported: the protocol's names, as before
+    ENF_SPLITS,
+    KLEIN_DIR,
+    SHAPES,
+    data_dir_of,
+    eval_summary,
+    load_enf_splits,
+)
 from .qm9_runs import QM9Experiment
-
-if TYPE_CHECKING:
-    from .efm import EFMExperiment
 
 __all__ = [
     "RUN_KIND",
-    "ANCHORS", "ENF_SPLITS", "ENFExperiment", "build_model", "data_dir_of", "eval_summary",
-    "evaluate",
+    "ANCHORS", "ENF_SPLITS", "ENFExperiment", "KLEIN_DIR", "SHAPES", "build_model",
+    "data_dir_of", "eval_summary", "evaluate",
     "isotropic_gaussian_nll", "load_enf_splits", "markdown_table", "merge_rows", "qm9_model",
     "qm9_row", "run", "sweep",
 ]  # fmt: skip
 
-SHAPES = {"dw4": (4, 2), "lj13": (13, 3)}  # (points n, dimension d)
 # preset fields added after runs were made: the value those runs had without saying so
 ADDED_FIELDS = {"gram_components": 1, "gram_fraction": 0.1, "gram_max_minutes": 1.0,
                 "gram": "wishart"}  # fmt: skip
-KLEIN_DIR = "alt_klein2023_from_DEM"
 PARTS = ("grassmann", "gram", "jacobian")  # of ShapeFlow.log_prob_terms
-
-# Issue 14's protocol: split -> (file, first row, end row); None = n_train. LJ13 selects on
-# rows 1,000-2,000 of its test file, never on the first 1,000 (its test set).
-ENF_SPLITS = {
-    "dw4": {"train": ("train_split_DW4.npy", 0, None), "val": ("val_split_DW4.npy", 0, 1000),
-            "test": ("test_split_DW4.npy", 0, 1000)},
-    "lj13": {"train": ("val_split_LJ13-1000.npy", 0, None),
-             "val": ("test_split_LJ13-1000.npy", 1000, 2000),
-             "test": ("test_split_LJ13-1000.npy", 0, 1000)},
-}  # fmt: skip
 
 _PAPER_PROTOCOL = "a density on uncentred Gr(k, n), not on these coordinates: not comparable"
 # Klein et al. 2023 on these files (GPU, long training); their bgflow prior leaves out the
@@ -123,44 +115,6 @@ ANCHORS = {
             ("equivariant CNF as diffusion (Midgley et al. 2023)", None, -128.5, "GPU")],
 }  # fmt: skip
 QM9_N_TRAIN, QM9_N_TEST = 13832, 1813  # E-NF's QM9 positional split (19-atom molecules)
-
-
-def data_dir_of(data_dir: str | Path | None) -> Path:
-    """The folder of the Klein files: ``data_dir``, or the shared one by default."""
-    shared = shared_data_dir() if data_dir is None else None
-    if data_dir is None and shared is None:
-        raise FileNotFoundError("no ../shared/data folder (or $GRASSFLOW_SHARED_DATA): pass "
-                                f"data_dir, the folder of the Klein files ({KLEIN_DIR})")
-    return Path(data_dir) if data_dir is not None else shared / KLEIN_DIR
-
-
-def load_enf_splits(
-    system: str, n_train: int, data_dir: str | Path | None = None, dedup: bool = True
-) -> dict:
-    """``{"train", "val", "test"}``: clouds ``(N, n, d)`` float64 as `ENF_SPLITS` takes
-    them from the files in ``data_dir`` (default ``../shared/data/alt_klein2023_from_DEM``).
-
-    ``dedup``: the training clouds are the distinct rows of the first ``n_train`` (first
-    occurrences, in order). DW4's training file repeats rows (30,091 distinct in 100,000), so
-    ``len(out["train"])`` can be far below ``n_train``. Validation and test rows are kept as
-    the anchors use them; see `evaluate` for the test rows seen in training."""
-    if system not in ENF_SPLITS:
-        raise ValueError(f"system must be one of {tuple(ENF_SPLITS)}, got {system!r}")
-    if isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1:
-        raise ValueError(f"n_train must be a positive integer, got {n_train!r}")
-    folder = data_dir_of(data_dir)
-    if missing := missing_files(system, "klein", folder):
-        raise FileNotFoundError(f"{system} needs {', '.join(missing)} in {folder}")
-    out = {}
-    for split, (name, start, end) in ENF_SPLITS[system].items():
-        rows, end = np.load(folder / name, mmap_mode="r"), n_train if end is None else end
-        if len(rows) < end:
-            raise ValueError(f"{folder / name} has {len(rows)} rows; {split} needs {end}")
-        X = np.asarray(rows[start:end])
-        if split == "train" and dedup:
-            X = X[distinct_rows(X)]
-        out[split] = torch.tensor(X, dtype=torch.float64).reshape(-1, *SHAPES[system])
-    return out
 
 
 def isotropic_gaussian_nll(
@@ -386,7 +340,7 @@ def _key(r: dict) -> str:
 def sweep(
     systems: tuple[str, ...] = ("dw4", "lj13"), n_trains: tuple[int, ...] = (1000,),
     seeds: tuple[int, ...] = (0,), minutes: float = 7.0, runs_dir: str | Path = "runs/vs_enf",
-    out_dir: str | Path = "results", *, base: ENFExperiment | EFMExperiment | None = None,
+    out_dir: str | Path = "results", *, base: ENFExperiment | efm.EFMExperiment | None = None,
     progress: bool = True, force: bool = False, n_test: int | None = None,
 ) -> list[dict]:  # fmt: skip
     """Train (or continue) and evaluate every (system, n_train, seed) run of ``base`` (its
@@ -395,8 +349,6 @@ def sweep(
     isotropic Gaussian's and the anchors into ``out_dir/vs_enf.json``
     (key: system, model, n_train, budget, seed; rows of other systems, e.g. QM9, are kept)
     and write ``out_dir/vs_enf/<system>.md``. Returns this invocation's rows."""
-    from . import efm  # the baseline's runs (efm imports this module)
-
     base = ENFExperiment() if base is None else base
     train_run, evaluate_run = (efm.run, efm.evaluate) if isinstance(base, efm.EFMExperiment) \
         else (run, evaluate)  # fmt: skip
@@ -579,13 +531,6 @@ def markdown_table(rows: list[dict], system: str) -> str:
         )  # fmt: skip
     commands = dict.fromkeys(r["command"] for r in rows if r["system"] == system and "command" in r)
     return "\n".join([*lines, "", "Made by:", *[f"- `{c}`" for c in commands]]) + "\n"
-
-
-def eval_summary(r: dict) -> str:
-    """One line on the evaluation ``r`` of a vs-E-NF run, ShapeFlow's (with its parts) or the
-    baseline's (`efm`)."""
-    return (f"[{r['system']}, {r['model']}, n_train {r['n_train']}, atol = rtol = {r['atol']:g}] "
-            f"Cartesian test NLL {nll_summary(r)}")  # fmt: skip
 
 
 RUN_KIND = RunKind(
