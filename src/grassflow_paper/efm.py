@@ -242,5 +242,7 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
 
 RUN_KIND = RunKind(
     evaluate=lambda run_dir, n_samples, seed: eval_summary(evaluate(run_dir)),
-    sample=lambda run_dir, n, seed, out: save_sampled_clouds(sample(run_dir, n, seed), out),
+    sample=lambda run_dir, n, seed, out: save_sampled_clouds(
+        sample(run_dir, n, seed), out,
+        comment=f"grassflow EquivariantCNF (EFM baseline) sample, seed {seed}, run {run_dir}"),
 )

@@ -535,5 +535,7 @@ def markdown_table(rows: list[dict], system: str) -> str:
 
 RUN_KIND = RunKind(
     evaluate=lambda run_dir, n_samples, seed: eval_summary(evaluate(run_dir)),
-    sample=lambda run_dir, n, seed, out: save_sampled_clouds(sample(run_dir, n, seed), out),
+    sample=lambda run_dir, n, seed, out: save_sampled_clouds(
+        sample(run_dir, n, seed), out,
+        comment=f"grassflow ShapeFlow sample, seed {seed}, run {run_dir}"),
 )
