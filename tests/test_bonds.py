@@ -1,5 +1,7 @@
 """Bond lengths and the bonds-kept fraction of generated molecules (grassflow.metrics.bonds)."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -118,6 +120,36 @@ def test_several_references_rescue_a_backwards_match():
     two = bonds_kept_fraction(X, BONDS, l0, labels=LABELS,
                               reference=np.stack([backwards, TEMPLATE]))  # fmt: skip
     assert one == 0.0 and two == 1.0
+
+
+def _kept_by_brute_force(x: np.ndarray, l0: np.ndarray, tol: float = 0.1) -> bool:
+    """Whether some label-preserving matching of x's atoms to the molecule's keeps every bond
+    (all 2! 6! matchings: the quantity `bonds_kept` bounds from below)."""
+    groups = [np.flatnonzero(LABELS == v) for v in np.unique(LABELS)]
+    for choice in itertools.product(*[itertools.permutations(g) for g in groups]):
+        perm = np.empty(len(LABELS), np.int64)
+        for g, c in zip(groups, choice):
+            perm[g] = c
+        if (np.abs(bond_lengths(x[perm][None], BONDS)[0] / l0 - 1) <= tol).all():
+            return True
+    return False
+
+
+def test_matching_never_hands_an_atom_to_another_element():
+    # catches: bond matching that refines across elements (the bond-length re-matching
+    # without the label groups). With O and its H swapped, no matching of O to the O keeps the
+    # C-O and O-H bonds (brute force over all label-preserving matchings), so the sample is
+    # broken; a matching that may swap them back across elements calls it kept. bonds_kept
+    # is a lower bound of the brute-force verdict, and equals it on the intact samples.
+    rng = np.random.default_rng(3)
+    X = _data(6)
+    l0 = bond_lengths(X, BONDS).mean(0)
+    X[::2, [2, 8]] = X[::2, [8, 2]]  # O at its hydrogen's place and back
+    X = np.stack([x[_label_preserving_perm(rng)] for x in X])
+    truth = [_kept_by_brute_force(x, l0) for x in X]
+    assert truth == [False, True] * 3
+    kept = bonds_kept(X, BONDS, l0, labels=LABELS, reference=TEMPLATE)
+    assert kept.tolist() == truth
 
 
 def test_align_with_labels_matches_only_equal_labels():

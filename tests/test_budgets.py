@@ -3,10 +3,13 @@ on synthetic clouds and a clock the test controls (no data files, no sleeping)."
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
 from grassflow.cli import main
 from grassflow.tasks import shape_runs as shapes
 from grassflow.tasks.run_dir import training_status
+from grassflow.training import TrainConfig, train
 from grassflow_paper import vs_enf
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -31,10 +34,45 @@ def test_train_data_budget_covers_both_parts(tmp_path, fixed_pace):
     fixed_pace(0.8)  # every step of either part: 0.8 CPU s
     run = tmp_path / "run"
     argv = ["train", "--data", str(tmp_path / "clouds.npy"), "--run-dir", str(run),
-            "--budget-minutes", "0.5", "--no-progress", "--atol", "1e-3", "--rtol", "1e-3"]
+            "--budget-minutes", "0.5", "--no-progress", "--atol", "1e-3", "--rtol", "1e-3"]  # fmt: skip
     assert main(argv) == 0
     flow, gram = training_status(run / "flow"), training_status(run / "gram")
     # flow: 21 s of 0.8 s steps -> 26 steps (20.8 s); Gram: 9 s -> 11 steps (8.8 s)
     assert (flow["iterations"], gram["iterations"]) == (26, 11)
     assert flow["cpu_minutes"] + gram["cpu_minutes"] <= 0.5
     assert flow["clock"] == gram["clock"] == "cpu"
+
+
+class _Gaussian(nn.Module):
+    """A unit Gaussian with a learned mean: the smallest model `train` accepts."""
+
+    def __init__(self):
+        super().__init__()
+        self.mu = nn.Parameter(torch.zeros(3, 1, dtype=torch.float64))
+
+    def log_prob(self, Y):
+        return -0.5 * (Y - self.mu).square().sum((-2, -1))
+
+
+def test_total_budget_left_after_a_resume_is_counted_in_cpu_time(tmp_path, fixed_pace):
+    # catches: the remaining total budget measured on the wall clock instead of the CPU clock
+    # (two threads: a CPU second passes every half wall second, so wall time left would be
+    # twice too much). A first call trains 10 steps of 1 wall s = 2 CPU s (20 of the 30 CPU s
+    # of total_budget_minutes=0.5); the resumed call has 10 CPU s left: 5 steps, and the run
+    # stays within its total (20 steps and 40 CPU s if wall seconds were subtracted).
+    from grassflow.training import objectives
+
+    fixed_pace(1.0, threads=2.0)
+    data = torch.randn(64, 3, 1, dtype=torch.float64)
+    run = tmp_path / "run"
+    cfg = TrainConfig(lr=0.01, batch_size=8, iterations=10, log_every=5, val_every=None,
+                      checkpoint_every=5, device="cpu", dtype="float64",
+                      total_budget_minutes=0.5)  # fmt: skip
+    go = lambda cfg, resume: train(_Gaussian(), data, cfg, run, resume=resume, progress=False,
+                                   objective=objectives.OBJECTIVES["mle"])  # fmt: skip
+    first = go(cfg, False)
+    assert first.stopped == "done" and first.iterations == 10
+    assert first.cpu_seconds == pytest.approx(20.0) and first.wall_seconds == pytest.approx(10.0)
+    second = go(cfg.replace(iterations=1000), True)
+    assert second.stopped == "budget" and second.iterations == 15, second.message
+    assert second.cpu_seconds == pytest.approx(30.0)  # the whole run: 60 * 0.5 CPU s

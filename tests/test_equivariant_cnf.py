@@ -11,6 +11,7 @@ from grassflow.baselines import (
     EGNNField,
     EquivariantCNF,
     align,
+    cfm_losses,
     cfm_objective,
     fit_equivariant_cnf,
     load_equivariant_cnf,
@@ -192,6 +193,69 @@ def test_equivariant_ot_lowers_the_regression_target():
     assert loss["equivariant-ot"] < loss["ot"] < loss["independent"]
 
 
+class _Stub(torch.nn.Module):
+    """What `cfm_objective` and `cfm_losses` use of a model: ``n_points``, ``dim``,
+    ``prior_std``, ``labels``, ``clouds(z)`` (here: the fixed prior clouds ``x0``, whatever z)
+    and ``field(t, x)`` (here: ``velocity(t, x)``)."""
+
+    def __init__(self, x0, velocity):
+        super().__init__()
+        self.n_points, self.dim = x0.shape[1:]
+        self.x0, self.velocity, self.labels = x0, velocity, None
+        self.register_buffer("prior_std", torch.tensor(1.0))
+
+    def clouds(self, z):
+        return self.x0.to(z)
+
+    def field(self, t, x):
+        return self.velocity(t, x)
+
+
+def test_flow_matching_path_runs_from_the_prior_to_the_data():
+    # catches: the path reversed (x_t = t x0 + (1 - t) x1 with target x1 - x0). Along the
+    # straight path from x0 (t = 0) to x1 (t = 1), the field that steers every point to x1,
+    # v(t, x) = (x1 - x) / (1 - t), is x1 - x0 exactly: its loss is 0; on the reversed path
+    # it is t (x1 - x0) / (1 - t). And the field v(t, x) = (x - x0) / t (from x0) also gives 0.
+    torch.manual_seed(3)
+    x0, x1 = torch.randn(6, 5, 3), torch.randn(6, 5, 3)
+    x0, x1 = x0 - x0.mean(1, keepdim=True), x1 - x1.mean(1, keepdim=True)
+    t = torch.tensor([0.05, 0.2, 0.4, 0.6, 0.8, 0.9])
+    tt = t[:, None, None]
+    to_x1 = _Stub(x0, lambda t, x: (x1 - x) / (1 - tt))
+    from_x0 = _Stub(x0, lambda t, x: (x - x0) / tt)
+    for model in (to_x1, from_x0):
+        torch.testing.assert_close(cfm_losses(model, x0, x1, t), torch.zeros(6), atol=1e-10,
+                                   rtol=0)  # fmt: skip
+    # and a zero field's loss is |x1 - x0|^2 (the target), whatever t
+    zero = _Stub(x0, lambda t, x: torch.zeros_like(x))
+    torch.testing.assert_close(cfm_losses(zero, x0, x1, t), (x1 - x0).square().sum((1, 2)))
+
+
+def test_equivariant_ot_pairs_each_cloud_with_its_rotated_copy():
+    # catches: equivariant OT keeping the alignment (Kabsch) but dropping the minibatch
+    # assignment. The data are the prior clouds, shuffled across the batch and each rotated
+    # or reflected: the optimal pairing (brute force over the 5! pairings of the
+    # Procrustes costs: 0 only for the copies) and the alignment give x1 = x0 exactly, so a
+    # zero field's loss, |x1 - x0|^2, is 0; without the assignment the aligned clouds are
+    # other shapes.
+    torch.manual_seed(4)
+    B, n, d = 5, 6, 3
+    x0 = torch.randn(B, n, d) * torch.tensor([2.0, 1.0, 0.5])
+    x0 = x0 - x0.mean(1, keepdim=True)
+    shuffle = torch.tensor([3, 0, 4, 1, 2])
+    rotations = torch.stack([random_orthogonal(3, reflect=bool(i % 2)) for i in range(B)])
+    data = x0[shuffle] @ rotations + torch.randn(B, 1, d)  # any translation
+    cost = torch.stack([torch.stack([
+        (x0[a] - (data[b] - data[b].mean(0)) @ procrustes(x0[a], data[b] - data[b].mean(0)))
+        .square().sum() for b in range(B)]) for a in range(B)])  # fmt: skip
+    best = min(itertools.permutations(range(B)), key=lambda p: sum(cost[p[i], i] for i in range(B)))
+    assert list(best) == shuffle.tolist() and sum(cost[best[i], i] for i in range(B)) < 1e-9
+    assert torch.stack([cost[i, i] for i in range(B)]).min() > 1.0  # the batch order is not it
+    zero = _Stub(x0, lambda t, x: torch.zeros_like(x))
+    loss, _ = cfm_objective(zero, data, "equivariant-ot")
+    assert loss.item() < 1e-9
+
+
 def test_fit_resumes_bit_exactly(tmp_path):
     # bug caught: noise (prior clouds, times) drawn from a generator the checkpoint misses
     torch.manual_seed(0)
@@ -258,9 +322,11 @@ def test_float32_evaluation_agrees_with_float64():
     assert (a - b).mean().abs() < 1e-3 and (a - b).abs().max() < 1e-2
 
 
-def test_a_non_finite_float32_solve_is_redone_in_float64(monkeypatch):
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_float32_solve_is_redone_in_float64(monkeypatch, bad):
     # bug caught: a NaN from one float32 solve (seen on QM9 after 20 CPU minutes) crashing
     # validation or entering a reported NLL, or the model left in float64 afterwards
+    # catches: the float64 re-solve triggered only on NaN, so +-inf passes through
     m32 = _model(5, 3, chunk_size=4).float()
     m32.atol = m32.rtol = 1e-4
     P = _clouds(8, 5, 3).float()
@@ -271,7 +337,7 @@ def test_a_non_finite_float32_solve_is_redone_in_float64(monkeypatch):
     def flaky(self, z, *args, **kw):  # the second chunk's float32 solve fails
         calls.append(z.dtype)
         z0, a = real(self, z, *args, **kw)
-        return (z0, a * float("nan")) if len(calls) == 2 else (z0, a)
+        return (z0, a + bad) if len(calls) == 2 else (z0, a)
 
     monkeypatch.setattr(EquivariantCNF, "_solve", flaky)
     with torch.no_grad(), pytest.warns(UserWarning, match="float64"):
@@ -279,8 +345,8 @@ def test_a_non_finite_float32_solve_is_redone_in_float64(monkeypatch):
     assert calls == [torch.float32, torch.float32, torch.float64]
     assert got.dtype == torch.float32 and next(m32.parameters()).dtype == torch.float32
     torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
-    monkeypatch.setattr(EquivariantCNF, "_solve",
-                        lambda self, z, *a, **k: (z, torch.full(z.shape[:1], float("nan"))))
+    always = lambda self, z, *a, **k: (z, torch.full(z.shape[:1], bad))
+    monkeypatch.setattr(EquivariantCNF, "_solve", always)
     with torch.no_grad(), pytest.raises(FloatingPointError, match="not finite"):
         m32.log_prob(P)
 

@@ -45,6 +45,29 @@ def test_align_without_reflections_cannot_undo_a_mirror():
     assert align(A, B, reflections=False)[2] > 1e-3
 
 
+def test_align_without_reflections_returns_a_rotation_on_noisy_relabelled_mirrors():
+    # catches: Kabsch allowing reflections under reflections=False (the SVD step without its
+    # sign fix: on noisy, relabelled mirror images it returned det R = -1). The transform
+    # recovered from the output (least squares) must be a proper rotation, and the RMSD must
+    # be the best rotation's for the returned matching (scipy's align_vectors, proper only)
+    from scipy.spatial.transform import Rotation
+
+    rng = np.random.default_rng(5)
+    for _ in range(6):
+        A = _molecule(rng, 12)
+        q = rng.permutation(len(A))
+        B = (A + 0.15 * rng.standard_normal(A.shape))[q] @ _orthogonal(rng, reflect=True).T
+        B = B + rng.standard_normal(3)
+        B_al, perm, rmsd = align(A, B, reflections=False, restarts=8)
+        Bc = B[perm] - B.mean(0)
+        Rt = np.linalg.lstsq(Bc, B_al - A.mean(0), rcond=None)[0]  # B_al = Bc R^T + a0
+        np.testing.assert_allclose(Rt.T @ Rt, np.eye(3), atol=1e-8)
+        assert np.linalg.det(Rt) > 0
+        rssd = Rotation.align_vectors(A - A.mean(0), Bc)[1]
+        assert rmsd == pytest.approx(rssd / np.sqrt(len(A)), rel=1e-8, abs=1e-10)
+        assert rmsd > 0.3  # a chiral walk: no rotation undoes the mirror (power)
+
+
 def test_align_rmsd_invariant_and_symmetric():
     rng = np.random.default_rng(2)
     A = _molecule(rng)
