@@ -34,7 +34,8 @@ def test_train_data_budget_covers_both_parts(tmp_path, fixed_pace):
     fixed_pace(0.8)  # every step of either part: 0.8 CPU s
     run = tmp_path / "run"
     argv = ["train", "--data", str(tmp_path / "clouds.npy"), "--run-dir", str(run),
-            "--budget-minutes", "0.5", "--no-progress", "--atol", "1e-3", "--rtol", "1e-3"]  # fmt: skip
+            "--budget-minutes", "0.5", "--no-progress", "--atol", "1e-3",
+            "--rtol", "1e-3"]  # fmt: skip
     assert main(argv) == 0
     flow, gram = training_status(run / "flow"), training_status(run / "gram")
     # flow: 21 s of 0.8 s steps -> 26 steps (20.8 s); Gram: 9 s -> 11 steps (8.8 s)
