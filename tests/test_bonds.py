@@ -122,34 +122,51 @@ def test_several_references_rescue_a_backwards_match():
     assert one == 0.0 and two == 1.0
 
 
+# fluoroethane: the template without H8, its O a terminal F (C1-F 1.40 A)
+F_LABELS = np.array([6, 6, 9, 1, 1, 1, 1, 1])
+F_BONDS = BONDS[:-1]
+F_TEMPLATE = TEMPLATE[:-1]
+
+
 def _kept_by_brute_force(x: np.ndarray, l0: np.ndarray, tol: float = 0.1) -> bool:
-    """Whether some label-preserving matching of x's atoms to the molecule's keeps every bond
-    (all 2! 6! matchings: the quantity `bonds_kept` bounds from below)."""
-    groups = [np.flatnonzero(LABELS == v) for v in np.unique(LABELS)]
+    """Whether some label-preserving matching of fluoroethane's atoms in x keeps every bond
+    (all 2! 5! matchings: the quantity `bonds_kept` bounds from below)."""
+    groups = [np.flatnonzero(F_LABELS == v) for v in np.unique(F_LABELS)]
     for choice in itertools.product(*[itertools.permutations(g) for g in groups]):
-        perm = np.empty(len(LABELS), np.int64)
+        perm = np.empty(len(F_LABELS), np.int64)
         for g, c in zip(groups, choice):
             perm[g] = c
-        if (np.abs(bond_lengths(x[perm][None], BONDS)[0] / l0 - 1) <= tol).all():
+        if (np.abs(bond_lengths(x[perm][None], F_BONDS)[0] / l0 - 1) <= tol).all():
             return True
     return False
 
 
 def test_matching_never_hands_an_atom_to_another_element():
     # catches: bond matching that refines across elements (the bond-length re-matching
-    # without the label groups). With O and its H swapped, no matching of O to the O keeps the
-    # C-O and O-H bonds (brute force over all label-preserving matchings), so the sample is
-    # broken; a matching that may swap them back across elements calls it kept. bonds_kept
-    # is a lower bound of the brute-force verdict, and equals it on the intact samples.
+    # without the label groups). With the F and a hydrogen of C1 swapped, the F sits 1.10 A
+    # from C1: no label-preserving matching keeps the C-F bond (brute force over all of them),
+    # so the sample is broken; a re-matching that may swap F and H back calls it kept.
+    # bonds_kept is a lower bound of the brute-force verdict, and equals it on the intact
+    # samples.
     rng = np.random.default_rng(3)
-    X = _data(6)
-    l0 = bond_lengths(X, BONDS).mean(0)
-    X[::2, [2, 8]] = X[::2, [8, 2]]  # O at its hydrogen's place and back
-    X = np.stack([x[_label_preserving_perm(rng)] for x in X])
+    X = F_TEMPLATE + 0.02 * rng.standard_normal((6, 8, 3))
+    X = np.stack([x @ _random_orthogonal(rng) + rng.standard_normal(3) for x in X])
+    l0 = bond_lengths(X, F_BONDS).mean(0)
+    X[::2, [2, 6]] = X[::2, [6, 2]]  # F at H6's place and H6 at the F's
+    X = np.stack([x[perm] for x, perm in zip(X, _label_preserving_perms(rng, F_LABELS, 6))])
     truth = [_kept_by_brute_force(x, l0) for x in X]
     assert truth == [False, True] * 3
-    kept = bonds_kept(X, BONDS, l0, labels=LABELS, reference=TEMPLATE)
+    kept = bonds_kept(X, F_BONDS, l0, labels=F_LABELS, reference=F_TEMPLATE)
     assert kept.tolist() == truth
+
+
+def _label_preserving_perms(rng, labels, m):
+    perms = np.tile(np.arange(len(labels)), (m, 1))
+    for perm in perms:
+        for v in np.unique(labels):
+            g = np.flatnonzero(labels == v)
+            perm[g] = rng.permutation(g)
+    return perms
 
 
 def test_align_with_labels_matches_only_equal_labels():
