@@ -4,7 +4,7 @@ Run from the repository root: ``python tests/mutation_audit.py [--only NAME ...]
 mutation is applied to a copy of ``src/`` and ``tests/`` in a temporary folder (the working
 tree is never touched), the quick tests of the files it concerns run there, and the script
 prints which tests failed. It exits 1 if a mutation survives. The list holds the bugs of
-issue 20's audit; add one whenever a bug slips past the quick loop.
+the audits of issues 20 and 33; add one whenever a bug slips past the quick loop.
 """
 
 from __future__ import annotations
@@ -75,6 +75,39 @@ MUTATIONS = {
     "EquivariantCNF: half the divergence (a missing direction class)": (
         "grassflow/baselines/equivariant_cnf.py", "div = (Jv * basis).sum(dim=(0, -2, -1))",
         "div = (Jv * basis)[::2].sum(dim=(0, -2, -1))", ["tests/test_equivariant_cnf.py"]),
+    # issue 33's audit: eight bugs that survived the quick loop, and a 3 % density error
+    "DistanceGram: metric_fit given the targets as weights and the weights as targets": (
+        "grassflow/nn/gram.py", "S = metric_fit(d, out[..., 0], out[..., 1])",
+        "S = metric_fit(d, out[..., 1], out[..., 0])", ["tests/test_distance_gram.py"]),
+    "DistanceGram: initialize takes targets from |d|^2, ignoring S": (
+        "grassflow/nn/gram.py", 'sq = torch.einsum("...pa,...ab,...pb->...p", d, S.to(d), d)',
+        "sq = (d * d).sum(-1)", ["tests/test_distance_gram.py"]),
+    "DistanceGram: density 3 % too high everywhere": (
+        "grassflow/nn/gram.py", "return torch.logsumexp(log_pi + lp, -1)",
+        "return torch.logsumexp(log_pi + lp, -1) + 0.03", ["tests/test_distance_gram.py"]),
+    "EquivariantCNF: the float64 re-solve only on NaN (+-inf passes through)": (
+        "grassflow/baselines/equivariant_cnf.py", "if torch.isfinite(lp).all():",
+        "if not torch.isnan(lp).any():", ["tests/test_equivariant_cnf.py"]),
+    "CFM: equivariant OT aligns but drops the minibatch assignment": (
+        "grassflow/baselines/matching.py",
+        "            x0 = x0[_assignment(orthogonal_cost(x0, x1))]\n            x1 = align(",
+        "            x1 = align(", ["tests/test_equivariant_cnf.py"]),
+    "CFM: the flow-matching path reversed": (
+        "grassflow/baselines/matching.py", "v = model.field(t, (1 - tt) * x0 + tt * x1)",
+        "v = model.field(t, tt * x0 + (1 - tt) * x1)", ["tests/test_equivariant_cnf.py"]),
+    "alignment: Kabsch allows reflections under reflections=False": (
+        "grassflow/metrics/alignment.py",
+        "        if not reflections:\n            U[..., -1] *= np.sign(np.linalg.det(U @ Vt))",
+        "        if False:\n            U[..., -1] *= np.sign(np.linalg.det(U @ Vt))",
+        ["tests/test_molecules.py"]),
+    "bonds: matching refined across elements": (
+        "grassflow/metrics/bonds.py", "perm = _refine(X[todo], perm, b, l0, groups, rounds)",
+        "perm = _refine(X[todo], perm, b, l0, None, rounds)", ["tests/test_bonds.py"]),
+    "training: the total budget left measured on the wall clock": (
+        "grassflow/training/budget.py",
+        "left_s = 0.0 if spent else 60.0 * total - charged_seconds(config, state)",
+        'left_s = 0.0 if spent else 60.0 * total - state.train.seconds("wall")',
+        ["tests/test_budgets.py"]),
 }  # fmt: skip
 
 
