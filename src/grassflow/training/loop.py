@@ -229,6 +229,24 @@ def train(
                 f"{minutes(budget.limit_s)}-min budget)")  # fmt: skip
         schedule.last_cost = per_point * points
 
+    def decide(done: int, last: bool) -> tuple[bool, bool]:
+        """Whether the budget ends training after step ``done``, and whether to validate:
+        at the schedule's times, priced first if validation is charged and its cost
+        unknown, and only if the budget affords it (the final one: if a best model exists,
+        only if it fits)."""
+        points = 1 if val_data is None else len(validation_set())
+        out_of_budget = not last and budget.out_of_budget(schedule.last_cost, points)
+        due = val_data is not None and schedule.due(done, last or out_of_budget, budget.elapsed())
+        if due and not (last or out_of_budget) and schedule.last_cost is None \
+                and budget.prices_validation(len(val_data), PROBE_POINTS):  # fmt: skip
+            price_validation()
+            points = len(validation_set())
+            out_of_budget = budget.out_of_budget(schedule.last_cost, points)
+        if due and (last or out_of_budget):
+            return out_of_budget, state.best_val is None \
+                or budget.affords_final(schedule.last_cost)  # fmt: skip
+        return out_of_budget, due and budget.affords_validation(schedule.last_cost, points)
+
     limit = math.inf if config.iterations is None else config.iterations
     of_limit = "" if config.iterations is None else f"/{config.iterations}"
     if budget.exhausted() and state.iteration < limit:
@@ -279,20 +297,8 @@ def train(
             done, last = state.iteration, state.iteration == limit
             budget.tick()
 
-            points = len(validation_set()) if val_data is not None else 1
-            out_of_budget = not last and budget.out_of_budget(schedule.last_cost, points)
-            val_due = val_data is not None \
-                and schedule.due(done, last or out_of_budget, budget.elapsed())  # fmt: skip
-            if val_due and not (last or out_of_budget) and schedule.last_cost is None \
-                    and budget.prices_validation(len(val_data), PROBE_POINTS):  # fmt: skip
-                price_validation()
-                points = len(validation_set())
-                out_of_budget = budget.out_of_budget(schedule.last_cost, points)
+            out_of_budget, val_due = decide(done, last)
             final = last or out_of_budget  # log (and validate, budget permitting) the last one
-            if val_due and final and state.best_val is not None:  # a best model exists
-                val_due = budget.affords_final(schedule.last_cost)
-            elif val_due and not final:
-                val_due = budget.affords_validation(schedule.last_cost, points)
             log_due = done % config.log_every == 0 or final
             if log_due or val_due:
                 record = make_record(done, loss_value, stats, lr, grad_norm, budget.elapsed())
