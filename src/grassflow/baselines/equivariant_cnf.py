@@ -21,6 +21,7 @@ per-point ``labels`` (atom types) only relabellings that keep the labels leave i
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -192,12 +193,17 @@ class EquivariantCNF(nn.Module):
             raise FloatingPointError("the exact log-likelihood is not finite for some clouds")
         warnings.warn("a float32 likelihood solve was not finite: solved again in float64",
                       stacklevel=3)
-        dtype = next(self.parameters()).dtype
-        self.double()
+        # on a float64 twin, not by recasting this module (which the caller holds, perhaps in
+        # another thread or an optimizer) in the middle of the call; its parameters are
+        # float64 casts of ours, so gradients still reach ours
+        twin = copy.deepcopy(self)
+        tensors = {f"model.{name}": x.double() if x.is_floating_point() else x
+                   for name, x in (*self.named_parameters(), *self.named_buffers())}  # fmt: skip
         try:
-            return self._chunk_log_prob(z1.double()).to(z1.dtype)
+            lp = torch.func.functional_call(_ChunkLogProb(twin), tensors, (z1.double(),))
         finally:
-            self.to(dtype)
+            self.last_stats = twin.last_stats
+        return lp.to(z1.dtype)
 
     def forward(self, P: Tensor) -> Tensor:
         """Alias of `log_prob`."""
@@ -232,3 +238,14 @@ class EquivariantCNF(nn.Module):
                 zs.append(z1)
                 logps.append(self.prior_log_prob(c) - a)
             return self.clouds(torch.cat(zs)), torch.cat(logps)
+
+
+class _ChunkLogProb(nn.Module):
+    """``model._chunk_log_prob`` as a forward (for ``torch.func.functional_call``)."""
+
+    def __init__(self, model: EquivariantCNF):
+        super().__init__()
+        self.model = model
+
+    def forward(self, z: Tensor) -> Tensor:
+        return self.model._chunk_log_prob(z)
