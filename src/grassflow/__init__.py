@@ -12,7 +12,7 @@ if "torch" not in _sys.modules:
     # (grassflow.training.threads); sleeping costs little. libgomp reads this when torch loads.
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import _malloc
+from ._malloc import configure as _configure_malloc
 from .baselines import EquivariantCNF
 from .distributions import MatrixGaussianPrior, UniformGrassmann
 from .flows import GrCNF, ShapeFlow
@@ -37,4 +37,4 @@ __version__ = "0.2.0.dev0"
 # glibc only: keep torch's large temporaries in the heap instead of giving them back to the
 # kernel at every ODE step (system time was over half the CPU time); GRASSFLOW_MALLOC=default
 # turns it off. Why and what it costs: grassflow/_malloc.py, docs/performance.md.
-_malloc.configure()
+_configure_malloc()
