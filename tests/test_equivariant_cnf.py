@@ -336,6 +336,8 @@ def test_a_non_finite_float32_solve_is_redone_in_float64(monkeypatch, bad):
 
     def flaky(self, z, *args, **kw):  # the second chunk's float32 solve fails
         calls.append(z.dtype)
+        # catches: the user's module recast to float64 in the middle of the call
+        assert next(m32.parameters()).dtype == torch.float32
         z0, a = real(self, z, *args, **kw)
         return (z0, a + bad) if len(calls) == 2 else (z0, a)
 
