@@ -77,3 +77,25 @@ def test_total_budget_left_after_a_resume_is_counted_in_cpu_time(tmp_path, fixed
     second = go(cfg.replace(iterations=1000), True)
     assert second.stopped == "budget" and second.iterations == 15, second.message
     assert second.cpu_seconds == pytest.approx(30.0)  # the whole run: 60 * 0.5 CPU s
+
+
+def test_train_data_announces_or_skips_its_final_evaluation(tmp_path, fixed_pace, capsys):
+    # catches: a final test evaluation that overruns --minutes without a word, or one that is
+    # skipped although it fits, or priced at the wrong cost per cloud
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "clouds.npy", rng.standard_normal((40, 4, 2)))
+    argv = ["train", "--data", str(tmp_path / "clouds.npy"), "--minutes", "0.5",
+            "--no-progress", "--atol", "1e-3", "--rtol", "1e-3", "--run-dir"]  # fmt: skip
+    fixed_pace(0.8, validation=20.0)  # a validation of the 4 val clouds: 20 s, 5 s a cloud
+    assert main([*argv, str(tmp_path / "slow")]) == 0
+    out = capsys.readouterr().out
+    # 4 test clouds and 4 samples at half a cloud's cost: 30 s, beyond what is left (the
+    # budget's quarter, 7.5 s, at most): skipped, with its estimate and the command to run
+    assert "skipped the evaluation of 4 test clouds and 4 samples: about 0.50 cpu min" in out
+    assert f"grassflow eval {tmp_path / 'slow'}" in out
+    assert not (tmp_path / "slow" / "eval.json").exists()
+    fixed_pace(0.8, validation=0.0)
+    assert main([*argv, str(tmp_path / "fast")]) == 0
+    out = capsys.readouterr().out
+    assert "evaluating 4 test clouds and 4 samples: about 0.00 cpu min" in out
+    assert "test NLL" in out and (tmp_path / "fast" / "eval.json").exists()

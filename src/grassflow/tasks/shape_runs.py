@@ -282,11 +282,12 @@ def run(
     """Train (or continue) both parts of ``exp`` in ``run_dir``; returns the resolved preset.
 
     With ``final_eval``, `evaluate` the test split afterwards (``n_samples`` samples for the
-    JSD; None: as many as test clouds), announced with its estimated cost. A budget that
-    charges validation (``exp.flow.charge_validation``) keeps room for it, priced as
-    ``n_test + SAMPLE_COST * n_samples`` validation points of the flow; if it still does not
-    fit in what the budget left (by more than a quarter of the budget), it is skipped with
-    the estimate, for ``grassflow eval`` to run later.
+    JSD; None: as many as test clouds), announced with its estimated cost: that of
+    ``n_test + SAMPLE_COST * n_samples`` validation points of the flow. A budget that charges
+    validation (``exp.flow.charge_validation``) keeps room for it, unless it would take more
+    than half the budget (training comes first). It runs if it fits in what the budget left,
+    give or take a quarter of the budget; otherwise it is skipped with its estimate, for
+    ``grassflow eval`` to run later.
     """
     run_dir = Path(run_dir)
     display = progress if isinstance(progress, Progress) \
@@ -332,8 +333,9 @@ def run(
         slack = 15.0 * sum((c.total_budget_minutes or c.budget_minutes or 0.0)
                            for c in (exp.flow, exp.gram))  # a quarter of the budget, in s
         fits = estimate is None or None in lefts or estimate <= sum(lefts) + slack
-        display.write(_eval_announcement(n_test, n_samples, estimate, lefts, exp.flow.clock,
-                                         fits, run_dir))  # fmt: skip
+        display.close()  # the announcement is printed with or without a progress line
+        print(_eval_announcement(n_test, n_samples, estimate, lefts, exp.flow.clock, fits,
+                                 run_dir))  # fmt: skip
         if fits:
             r = evaluate(run_dir, n_samples=n_samples, progress=display)
             display.close()

@@ -67,7 +67,7 @@ class Progress:
             self.bar = None
 
     def write(self, line: str) -> None:
-        """Print ``line`` above the bar (or plainly when disabled)."""
+        """Print ``line`` above the bar; nothing when disabled (a quiet run)."""
         if self.enabled:
             tqdm.write(line)
 
