@@ -39,7 +39,7 @@ from ..training import (
     train_shape_flow,
 )
 from ..training.checkpoint import write_json
-from ..training.progress import Progress, minutes
+from ..training.progress import Progress, minutes, progress_line
 from ..training.rng import seeded_init
 from .registry import RunKind
 from .run_dir import claim_run_dir, data_identity, read_preset, training_status
@@ -290,8 +290,6 @@ def run(
     ``grassflow eval`` to run later.
     """
     run_dir = Path(run_dir)
-    display = progress if isinstance(progress, Progress) \
-        else Progress(run_dir.name, enabled=progress)  # fmt: skip
     if not resume and (run_dir / "flow" / "last.pt").exists():
         raise FileExistsError(f"{run_dir} holds a trained run: pass --resume or use a new one")
     splits = load_clouds(exp)
@@ -317,15 +315,17 @@ def run(
     if final_eval:
         exp.flow = exp.flow.replace(reserve_points=eval_points)
     model = build_model(exp)
-    if exp.model == "equivariant-cnf":
-        results = [fit_equivariant_cnf(model, splits["train"], splits["val"][: exp.n_val_flow],
-                                       run_dir / "flow", exp.flow, coupling=exp.coupling,
-                                       progress=display)]  # fmt: skip
-    else:
-        results = train_shape_flow(model, splits["train"], splits["val"], run_dir, exp.flow,
-                                   exp.gram, objective=exp.objective,
-                                   n_val_flow=exp.n_val_flow, progress=display)  # fmt: skip
-    if final_eval:
+    with progress_line(progress, run_dir.name) as display:
+        if exp.model == "equivariant-cnf":
+            results = [fit_equivariant_cnf(
+                model, splits["train"], splits["val"][: exp.n_val_flow], run_dir / "flow",
+                exp.flow, coupling=exp.coupling, progress=display)]  # fmt: skip
+        else:
+            results = train_shape_flow(model, splits["train"], splits["val"], run_dir,
+                                       exp.flow, exp.gram, objective=exp.objective,
+                                       n_val_flow=exp.n_val_flow, progress=display)  # fmt: skip
+        if not final_eval:
+            return exp
         flow = results[0]
         estimate = None if flow.last_val_seconds is None \
             else flow.last_val_seconds / flow.val_points * eval_points  # fmt: skip
@@ -341,8 +341,6 @@ def run(
             display.close()
             print(f"test NLL {nll_summary(r)} on {r['n_test']} clouds | pair-distance JSD "
                   f"{r['distance_jsd']:.4f} (wrote {eval_path(run_dir)})")  # fmt: skip
-    if not isinstance(progress, Progress):
-        display.close()
     return exp
 
 
@@ -441,6 +439,21 @@ def load_heldout(exp: ShapeExperiment, data: str | Path, key: str | None = None)
             "skipped": pc.skipped, "labels_checked": checked}  # fmt: skip
 
 
+def _test_log_prob(model, exp: ShapeExperiment, test: torch.Tensor,
+                   display: Progress) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The model's log-density of ``test`` (with its parts for a ShapeFlow), in multiples
+    of the model's own chunks (the numbers of one call), cloud by cloud on ``display``."""
+    score = model.log_prob_terms if exp.model == "shapeflow" \
+        else lambda c: {"log_prob": model.log_prob(c)}  # fmt: skip
+    display.start("test log-likelihood", len(test), bar_text="{n_fmt}/{total_fmt} clouds")
+    chunks = []
+    with torch.no_grad():
+        for c in test.split(4 * getattr(model, "chunk_size", 16)):
+            chunks.append(score(c))
+            display.update(sum(len(t["log_prob"]) for t in chunks))
+    return {k: torch.cat([t[k] for t in chunks]) for k in chunks[0]}
+
+
 def evaluate(
     run_dir: str | Path,
     n_samples: int = 1000,
@@ -460,22 +473,10 @@ def evaluate(
     exp, model = load_run(run_dir)
     heldout = None if data is None else load_heldout(exp, data, key)
     test = load_clouds(exp)["test"] if heldout is None else heldout["clouds"]
-    display = progress if isinstance(progress, Progress) \
-        else Progress(f"{run_dir.name} eval", enabled=progress)  # fmt: skip
-    score = model.log_prob_terms if exp.model == "shapeflow" \
-        else lambda c: {"log_prob": model.log_prob(c)}  # fmt: skip
-    # in multiples of the model's own chunks (the numbers of one call), to show progress
-    display.start("test log-likelihood", len(test), bar_text="{n_fmt}/{total_fmt} clouds")
-    chunks = []
-    with torch.no_grad():
-        for c in test.split(4 * getattr(model, "chunk_size", 16)):
-            chunks.append(score(c))
-            display.update(sum(len(t["log_prob"]) for t in chunks))
-    terms = {k: torch.cat([t[k] for t in chunks]) for k in chunks[0]}
-    with display.blocking(f"sampling {n_samples} clouds"):
-        X = sample(run_dir, n_samples, seed, save=False)  # leaves the user's samples.npy alone
-    if not isinstance(progress, Progress):
-        display.close()
+    with progress_line(progress, f"{run_dir.name} eval") as display:
+        terms = _test_log_prob(model, exp, test, display)
+        with display.blocking(f"sampling {n_samples} clouds"):
+            X = sample(run_dir, n_samples, seed, save=False)  # leaves the user's samples.npy
     a, b = _distances(X), _distances(test.numpy())
     hi = float(np.quantile(b, 0.999)) * 1.5
     parts = {}

@@ -16,13 +16,27 @@ from tqdm.auto import tqdm
 
 from . import clock
 
-__all__ = ["Progress", "minutes"]
+__all__ = ["Progress", "minutes", "progress_line"]
 
 
 def minutes(seconds: float) -> str:
     """``seconds`` as a short count of minutes (``"0.04"``, ``"2.5"``, ``"12"``)."""
     m = seconds / 60
     return f"{m:.2f}" if m < 1 else f"{m:.1f}" if m < 10 else f"{m:.0f}"
+
+
+@contextmanager
+def progress_line(progress: bool | Progress, name: str, kind: str = "cpu") -> Iterator[Progress]:
+    """``progress`` itself when it is a `Progress` shared by a command's phases (its owner
+    closes it); else a new line named ``name``, shown if ``progress``, closed at the end."""
+    if isinstance(progress, Progress):
+        yield progress
+        return
+    line = Progress(name, enabled=progress, kind=kind)
+    try:
+        yield line
+    finally:
+        line.close()
 
 
 class Progress:
