@@ -83,7 +83,7 @@ def cmd_reproduce_table2(args) -> None:
     print(qm9_report.markdown_table(result))
 
 
-_EFM_OPTIONS = ("hidden", "layers", "lr", "batch_size", "coupling", "dtype")
+_EFM_OPTIONS = ("hidden", "layers", "lr", "batch_size", "coupling", "geometry", "dtype")
 
 
 def cmd_reproduce_vs_enf(args) -> None:
@@ -222,6 +222,9 @@ def add_commands(sub) -> None:
     efm_group.add_argument("--lr", type=float)
     efm_group.add_argument("--batch-size", type=int)
     efm_group.add_argument("--coupling", choices=("independent", "ot", "equivariant-ot"))
+    efm_group.add_argument("--geometry", choices=("cartesian", "grassmann"),
+                           help="of the flow-matching paths: straight lines between aligned "
+                                "clouds (EFM's) or the Grassmann bundle (span x metric)")
     efm_group.add_argument("--dtype", choices=("float32", "float64"), help="of training")
     p.add_argument("--gram", default="wishart", choices=tuple(GRAMS),
                    help="density of S given the span (ShapeFlow's gram)")

@@ -27,6 +27,7 @@ from grassflow.baselines import (
     load_equivariant_cnf,
 )
 from grassflow.data.overlap import novel_mask
+from grassflow.manifolds.shape_paths import GEOMETRIES
 from grassflow.metrics import closest_pair_fraction, distance_histogram, jsd, mean_sem
 from grassflow.tasks.registry import RunKind
 from grassflow.tasks.run_dir import claim_run_dir, data_identity, read_preset, training_status
@@ -40,7 +41,7 @@ from .enf_protocol import SHAPES, data_dir_of, eval_summary, load_enf_splits
 
 SYSTEMS = {**SHAPES, "qm9": (19, 3)}  # QM9 positional: 19 atoms, E-NF's split
 # preset fields added after runs were made: the value those runs had without saying so
-ADDED_FIELDS = {"coupling": "equivariant-ot"}
+ADDED_FIELDS = {"coupling": "equivariant-ot", "geometry": "cartesian"}
 
 __all__ = [
     "RUN_KIND",
@@ -62,6 +63,7 @@ class EFMExperiment:
         tol: atol = rtol of validation and of the test NLL.
         hidden, layers, attention, coord_range: the EGNN's.
         lr, batch_size: Adam's; coupling: of the flow-matching pairs.
+        geometry: of the flow-matching paths (`grassflow.manifolds.shape_paths`).
         dtype: of training.
         n_val: validation configurations (exact NLL after ``val_doubling_from`` x 1, 2, 4,
             ... iterations, every ``val_every_minutes`` and at the end; None: not then).
@@ -86,6 +88,7 @@ class EFMExperiment:
     lr: float = 1e-3
     batch_size: int = 64
     coupling: str = "equivariant-ot"
+    geometry: str = "cartesian"
     dtype: str = "float32"
     n_val: int = 100
     val_every_minutes: float | None = 2.0
@@ -100,12 +103,15 @@ class EFMExperiment:
             raise ValueError(f"system must be one of {tuple(SYSTEMS)}, got {self.system!r}")
         if self.coupling not in CFM_COUPLINGS:
             raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {self.coupling!r}")
+        if self.geometry not in GEOMETRIES:
+            raise ValueError(f"geometry must be one of {GEOMETRIES}, got {self.geometry!r}")
         if not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
             raise ValueError(f"minutes must be > 0, got {self.minutes!r}")
 
     @property
     def model(self) -> str:
-        return (f"efm-egnn{self.hidden}x{self.layers}-{self.coupling}-lr{self.lr:g}"
+        geometry = "" if self.geometry == "cartesian" else f"-{self.geometry}"
+        return (f"efm-egnn{self.hidden}x{self.layers}-{self.coupling}{geometry}-lr{self.lr:g}"
                 f"-b{self.batch_size}")  # fmt: skip
 
     @property
@@ -118,6 +124,7 @@ class EFMExperiment:
                 f"--n-train {self.n_train} --seeds {self.seed} --minutes {self.minutes:g} "
                 f"--hidden {self.hidden} --layers {self.layers} --lr {self.lr:g} "
                 f"--batch-size {self.batch_size} --coupling {self.coupling} "
+                f"--geometry {self.geometry} "
                 f"--tol {self.tol:g}")  # fmt: skip
 
     def config(self) -> TrainConfig:
@@ -174,7 +181,7 @@ def run(exp: EFMExperiment, run_dir: str | Path, *, force: bool = False, progres
                   budget_keys=("minutes", "iterations"))  # fmt: skip
     fit_equivariant_cnf(build_model(exp), data["train"], data["val"][: exp.n_val],
                         Path(run_dir) / "flow", exp.config(), coupling=exp.coupling,
-                        progress=progress)  # fmt: skip
+                        geometry=exp.geometry, progress=progress)  # fmt: skip
 
 
 def load_run(run_dir: str | Path) -> tuple[EFMExperiment, EquivariantCNF]:

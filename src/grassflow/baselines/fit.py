@@ -8,6 +8,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from ..manifolds.shape_paths import GEOMETRIES
 from ..training import TrainConfig, TrainResult, load_checkpoint, train
 from ..training.progress import Progress
 from .equivariant_cnf import EquivariantCNF
@@ -24,6 +25,7 @@ def fit_equivariant_cnf(
     config: TrainConfig,
     *,
     coupling: str = "equivariant-ot",
+    geometry: str = "cartesian",
     progress: bool | Progress = True,
 ) -> TrainResult:
     """Train (or continue) ``model`` on ``train_clouds: (N, n, d)`` in ``run_dir``.
@@ -34,12 +36,16 @@ def fit_equivariant_cnf(
 
     Args:
         coupling: of the minibatch pairs, one of `CFM_COUPLINGS`.
+        geometry: of the conditional paths, one of `GEOMETRIES` (``"cartesian"``: straight
+            lines, EFM's; ``"grassmann"``: span and metric on their own geodesics).
         progress: show progress (or a command's `Progress` line).
     """
     if coupling not in CFM_COUPLINGS:
         raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {coupling!r}")
+    if geometry not in GEOMETRIES:
+        raise ValueError(f"geometry must be one of {GEOMETRIES}, got {geometry!r}")
     model.fit_prior(train_clouds)
-    objective = functools.partial(cfm_objective, coupling=coupling)
+    objective = functools.partial(cfm_objective, coupling=coupling, geometry=geometry)
     return train(model, train_clouds, config, run_dir, val_data=val_clouds, objective=objective,
                  resume=True, progress=progress)  # fmt: skip
 

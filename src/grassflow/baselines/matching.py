@@ -33,6 +33,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
+from ..manifolds.shape_paths import GEOMETRIES, shape_path
 from ..metrics.alignment import assign_within_labels, label_groups
 
 __all__ = [
@@ -103,27 +104,34 @@ def align(x0: Tensor, x1: Tensor, rounds: int = 1, labels: Tensor | None = None)
     return y[best, torch.arange(B)]
 
 
-def cfm_losses(model: nn.Module, x0: Tensor, x1: Tensor, t: Tensor) -> Tensor:
-    """``|v(t, x_t) - (x1 - x0)|^2`` per pair ``(B,)`` on the straight path between centred
-    clouds ``x0, x1: (B, n, d)`` at times ``t: (B,)``. Both sides are centred, so the norm
-    is that of the CoM-free coordinates."""
-    tt = t[:, None, None]
-    v = model.field(t, (1 - tt) * x0 + tt * x1)
-    return (v - (x1 - x0)).square().sum((-2, -1))
+def cfm_losses(
+    model: nn.Module, x0: Tensor, x1: Tensor, t: Tensor, geometry: str = "cartesian"
+) -> Tensor:
+    """``|v(t, x_t) - u_t|^2`` per pair ``(B,)`` on the path of ``geometry`` between centred
+    clouds ``x0, x1: (B, n, d)`` at times ``t: (B,)`` (`shape_path`: the straight line, or
+    the Grassmann-bundle path). Both sides are centred, so the norm is that of the CoM-free
+    coordinates."""
+    xt, ut = shape_path(geometry, x0, x1, t)
+    return (model.field(t, xt) - ut).square().sum((-2, -1))
 
 
 def cfm_objective(
-    model: nn.Module, batch: Tensor, coupling: str = "equivariant-ot"
+    model: nn.Module, batch: Tensor, coupling: str = "equivariant-ot",
+    geometry: str = "cartesian",
 ) -> tuple[Tensor, dict[str, Any]]:
     """Flow-matching loss of an `EquivariantCNF` on a batch of clouds ``(B, n, d)``
-    (any translation). Prior clouds and times come from the global RNG, which the training
-    loop seeds and checkpoints.
+    (any translation), on the conditional paths of ``geometry`` (`GEOMETRIES`). Prior
+    clouds and times come from the global RNG, which the training loop seeds and
+    checkpoints. The Grassmann path depends on ``x1`` only up to rotation, so of the
+    equivariant-OT alignment only the relabelling matters to it.
 
     Returns:
         The mean of `cfm_losses` and stats ``{"nfe": 0}``.
     """
     if coupling not in CFM_COUPLINGS:
         raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {coupling!r}")
+    if geometry not in GEOMETRIES:
+        raise ValueError(f"geometry must be one of {GEOMETRIES}, got {geometry!r}")
     x1 = batch - batch.mean(dim=-2, keepdim=True)
     B = x1.shape[0]
     z = torch.randn(B, model.n_points - 1, model.dim, dtype=x1.dtype, device=x1.device)
@@ -135,4 +143,4 @@ def cfm_objective(
             x0 = x0[_assignment(orthogonal_cost(x0, x1))]
             x1 = align(x0, x1, labels=getattr(model, "labels", None))
     t = torch.rand(B, dtype=x1.dtype, device=x1.device)
-    return cfm_losses(model, x0, x1, t).mean(), {"nfe": 0}
+    return cfm_losses(model, x0, x1, t, geometry).mean(), {"nfe": 0}
