@@ -23,6 +23,7 @@ import torch
 from grassflow.baselines import (
     CFM_COUPLINGS,
     EquivariantCNF,
+    ShapeFlowConfig,
     fit_equivariant_cnf,
     load_equivariant_cnf,
 )
@@ -136,6 +137,15 @@ class EFMExperiment:
             total_budget_minutes=self.minutes,
         )  # fmt: skip
 
+    def shape_config(self) -> ShapeFlowConfig:
+        """The model's `ShapeFlowConfig`."""
+        return ShapeFlowConfig(
+            *SYSTEMS[self.system], geometry=self.geometry, coupling=self.coupling,
+            hidden=self.hidden, layers=self.layers, attention=self.attention,
+            coord_range=self.coord_range, atol=self.tol, rtol=self.tol,
+            chunk_size=self.chunk_size,
+        )  # fmt: skip
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -147,10 +157,7 @@ class EFMExperiment:
 def build_model(exp: EFMExperiment) -> EquivariantCNF:
     """The untrained model of ``exp`` (weights seeded by ``exp.seed``) in ``eval_dtype``."""
     with seeded_init(exp.seed):
-        return EquivariantCNF(
-            *SYSTEMS[exp.system], hidden=exp.hidden, layers=exp.layers, attention=exp.attention,
-            coord_range=exp.coord_range, atol=exp.tol, rtol=exp.tol, chunk_size=exp.chunk_size,
-        ).to(getattr(torch, exp.eval_dtype))  # fmt: skip
+        return EquivariantCNF.from_config(exp.shape_config()).to(getattr(torch, exp.eval_dtype))
 
 
 def load_splits(system: str, n_train: int, data_dir: str | None = None) -> dict:
@@ -180,8 +187,7 @@ def run(exp: EFMExperiment, run_dir: str | Path, *, force: bool = False, progres
     claim_run_dir(run_dir, exp.to_dict(), identity, kind="efm", added=ADDED_FIELDS, force=force,
                   budget_keys=("minutes", "iterations"))  # fmt: skip
     fit_equivariant_cnf(build_model(exp), data["train"], data["val"][: exp.n_val],
-                        Path(run_dir) / "flow", exp.config(), coupling=exp.coupling,
-                        geometry=exp.geometry, progress=progress)  # fmt: skip
+                        Path(run_dir) / "flow", exp.config(), progress=progress)  # fmt: skip
 
 
 def load_run(run_dir: str | Path) -> tuple[EFMExperiment, EquivariantCNF]:

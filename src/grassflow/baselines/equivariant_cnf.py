@@ -22,17 +22,75 @@ per-point ``labels`` (atom types) only relabellings that keep the labels leave i
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torchdiffeq import odeint
 
+from ..manifolds.shape_paths import GEOMETRIES
 from ..manifolds.shape_space import helmert_basis
 from ..nn.egnn import EGNNField
 
-__all__ = ["EquivariantCNF"]
+__all__ = ["EquivariantCNF", "ShapeFlowConfig"]
+
+COUPLINGS = ("independent", "ot", "equivariant-ot")  # of `matching`, which imports this module
+
+
+@dataclass(frozen=True)
+class ShapeFlowConfig:
+    """Everything that defines a shape model, in one serializable record (`to_dict`,
+    `from_dict`); `EquivariantCNF.from_config` builds the model.
+
+    Attributes:
+        n_points, dim: the clouds' n and d.
+        geometry: of the flow-matching paths (`grassflow.manifolds.shape_paths`):
+            ``"cartesian"`` (straight lines between aligned clouds, EFM's) or
+            ``"grassmann"`` (span and metric each on their own geodesic).
+        coupling: of the flow-matching pairs: ``"equivariant-ot"``, ``"ot"`` or
+            ``"independent"``.
+        hidden, layers, attention, coord_range: the `EGNNField`'s.
+        prior_std: sigma of the CoM-free Gaussian prior (refitted to the data by training).
+        atol, rtol: dopri5's, of the exact likelihood and of sampling.
+        chunk_size: clouds per ODE solve.
+        labels, n_labels: per-point integer labels (atom types) of the field, or None.
+    """
+
+    n_points: int
+    dim: int
+    geometry: str = "cartesian"
+    coupling: str = "equivariant-ot"
+    hidden: int = 32
+    layers: int = 3
+    attention: bool = True
+    coord_range: float = 10.0
+    prior_std: float = 1.0
+    atol: float = 1e-5
+    rtol: float = 1e-5
+    chunk_size: int = 16
+    labels: tuple[int, ...] | None = None
+    n_labels: int | None = None
+
+    def __post_init__(self):
+        if self.geometry not in GEOMETRIES:
+            raise ValueError(f"geometry must be one of {GEOMETRIES}, got {self.geometry!r}")
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
+        if self.labels is not None:
+            object.__setattr__(self, "labels", tuple(int(a) for a in self.labels))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ShapeFlowConfig:
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown ShapeFlowConfig fields: {sorted(unknown)}")
+        return cls(**d)
 
 
 class EquivariantCNF(nn.Module):
@@ -53,7 +111,21 @@ class EquivariantCNF(nn.Module):
         labels: optional ``(n,)`` integer point labels of the `EGNNField` (e.g. atomic
             numbers); None keeps the unlabelled model.
         n_labels: number of label values (as in the `EGNNField`).
+        geometry: of the flow-matching paths that train it (`ShapeFlowConfig`).
+        coupling: of the flow-matching pairs (`ShapeFlowConfig`).
+
+    ``model.config`` is the `ShapeFlowConfig` it was built from (``prior_std`` as given;
+    the fitted value is the buffer ``model.prior_std``).
     """
+
+    @classmethod
+    def from_config(cls, config: ShapeFlowConfig | dict) -> EquivariantCNF:
+        """The model of ``config`` (a `ShapeFlowConfig` or its ``to_dict``)."""
+        if isinstance(config, dict):
+            config = ShapeFlowConfig.from_dict(config)
+        kw = config.to_dict()
+        labels = kw.pop("labels")
+        return cls(**kw, labels=None if labels is None else torch.tensor(labels))
 
     def __init__(
         self,
@@ -69,8 +141,15 @@ class EquivariantCNF(nn.Module):
         chunk_size: int = 16,
         labels: Tensor | None = None,
         n_labels: int | None = None,
+        geometry: str = "cartesian",
+        coupling: str = "equivariant-ot",
     ):
         super().__init__()
+        self.config = ShapeFlowConfig(
+            n_points, dim, geometry, coupling, hidden, layers, attention, coord_range,
+            float(prior_std), atol, rtol, chunk_size,
+            None if labels is None else tuple(torch.as_tensor(labels).tolist()), n_labels,
+        )  # fmt: skip
         if not (isinstance(chunk_size, int) and chunk_size >= 1):
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         if not (atol > 0 and rtol > 0):

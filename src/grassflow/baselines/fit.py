@@ -24,8 +24,8 @@ def fit_equivariant_cnf(
     run_dir: str | Path,
     config: TrainConfig,
     *,
-    coupling: str = "equivariant-ot",
-    geometry: str = "cartesian",
+    coupling: str | None = None,
+    geometry: str | None = None,
     progress: bool | Progress = True,
 ) -> TrainResult:
     """Train (or continue) ``model`` on ``train_clouds: (N, n, d)`` in ``run_dir``.
@@ -35,11 +35,15 @@ def fit_equivariant_cnf(
     NLL at ``config``'s validation times, and the best model is ``run_dir/best.pt``.
 
     Args:
-        coupling: of the minibatch pairs, one of `CFM_COUPLINGS`.
+        coupling: of the minibatch pairs, one of `CFM_COUPLINGS` (default the model's
+            ``config.coupling``).
         geometry: of the conditional paths, one of `GEOMETRIES` (``"cartesian"``: straight
-            lines, EFM's; ``"grassmann"``: span and metric on their own geodesics).
+            lines, EFM's; ``"grassmann"``: span and metric on their own geodesics; default
+            the model's ``config.geometry``).
         progress: show progress (or a command's `Progress` line).
     """
+    coupling = model.config.coupling if coupling is None else coupling
+    geometry = model.config.geometry if geometry is None else geometry
     if coupling not in CFM_COUPLINGS:
         raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {coupling!r}")
     if geometry not in GEOMETRIES:

@@ -35,12 +35,13 @@ from torch import Tensor, nn
 
 from ..manifolds.shape_paths import GEOMETRIES, shape_path
 from ..metrics.alignment import assign_within_labels, label_groups
+from .equivariant_cnf import COUPLINGS
 
 __all__ = [
     "CFM_COUPLINGS", "align", "cfm_losses", "cfm_objective", "orthogonal_cost", "procrustes",
 ]  # fmt: skip
 
-CFM_COUPLINGS = ("independent", "ot", "equivariant-ot")
+CFM_COUPLINGS = COUPLINGS
 
 
 def procrustes(A: Tensor, B: Tensor) -> Tensor:
@@ -116,8 +117,7 @@ def cfm_losses(
 
 
 def cfm_objective(
-    model: nn.Module, batch: Tensor, coupling: str = "equivariant-ot",
-    geometry: str = "cartesian",
+    model: nn.Module, batch: Tensor, coupling: str = "equivariant-ot", geometry: str = "cartesian"
 ) -> tuple[Tensor, dict[str, Any]]:
     """Flow-matching loss of an `EquivariantCNF` on a batch of clouds ``(B, n, d)``
     (any translation), on the conditional paths of ``geometry`` (`GEOMETRIES`). Prior
