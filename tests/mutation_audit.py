@@ -4,7 +4,9 @@ Run from the repository root: ``python tests/mutation_audit.py [--only NAME ...]
 mutation is applied to a copy of ``src/`` and ``tests/`` in a temporary folder (the working
 tree is never touched), the quick tests of the files it concerns run there, and the script
 prints which tests failed. It exits 1 if a mutation survives. The list holds the bugs of
-the audits of issues 20 and 33; add one whenever a bug slips past the quick loop.
+the audits of issues 20 and 33; add one whenever a bug slips past the quick loop. The
+two-part model's (``TwoPartShapeFlow``, the Gram densities) live in ``grassflow_paper`` since
+issue 34.
 """
 
 from __future__ import annotations
@@ -22,43 +24,46 @@ ROOT = Path(__file__).resolve().parents[1]
 # name -> (file under src/, text, replacement, test files)
 MUTATIONS = {
     "gram: no initial scale spread between mixture components": (
-        "grassflow/nn/gram.py",
+        "grassflow_paper/gram_densities.py",
         "spread = torch.linspace(-1.0, 1.0, self.components) if self.components > 1 else 0.0",
         "spread = 0.0", ["tests/test_graph.py"]),
     "shapes: training split includes the test clouds": (
         "grassflow/tasks/shape_runs.py", '"train": X[perm[n_test + n_val:]]', '"train": X[perm]',
         ["tests/test_shapes_splits.py"]),
-    "shapes: flow validated on training clouds": (
-        "grassflow/training/shape_fit.py", "Y_val = model.factor(val_clouds[:n_val_flow])[0]",
+    "shapes: validated on training clouds": (
+        "grassflow/tasks/shape_runs.py", 'splits["val"][: exp.n_val_flow]',
+        'splits["train"][: exp.n_val_flow]', ["tests/test_shapes_splits.py"]),
+    "two-part: flow validated on training clouds": (
+        "grassflow_paper/two_part.py", "Y_val = model.factor(val_clouds[:n_val_flow])[0]",
         "Y_val = model.factor(train_clouds[:n_val_flow])[0]", ["tests/test_shapes_splits.py"]),
-    "shapes: gram.initialize removed": (
-        "grassflow/training/shape_fit.py", "    model.gram.initialize(S_train, Y_train)\n", "",
+    "two-part: gram.initialize removed": (
+        "grassflow_paper/two_part.py", "    model.gram.initialize(S_train, Y_train)\n", "",
         ["tests/test_shapes_splits.py"]),
     "shapes: SEM as std/N": (
-        "grassflow/tasks/shape_runs.py", 'terms["log_prob"].std() / len(test) ** 0.5',
-        'terms["log_prob"].std() / len(test)', ["tests/test_shapes_splits.py"]),
+        "grassflow/tasks/shape_runs.py", "log_prob.std() / len(test) ** 0.5",
+        "log_prob.std() / len(test)", ["tests/test_shapes_splits.py"]),
     "vs_enf: eval cache all -> any": (
         "grassflow_paper/vs_enf.py", 'old.get("test_hash") == test_hash and all(',
         'old.get("test_hash") == test_hash and any(', ["tests/test_vs_enf.py"]),
-    "ShapeFlow: n instead of n - 1 in the Jacobian": (
-        "grassflow/flows/shape_flow.py", "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points - 1)",
+    "TwoPartShapeFlow: n instead of n - 1 in the Jacobian": (
+        "grassflow_paper/two_part.py", "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points - 1)",
         "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points)", ["tests/test_shape_flow.py"]),
-    "ShapeFlow: Jacobian subtracted": (
-        "grassflow/flows/shape_flow.py", '"log_prob": log_gr + log_s + jac',
+    "TwoPartShapeFlow: Jacobian subtracted": (
+        "grassflow_paper/two_part.py", '"log_prob": log_gr + log_s + jac',
         '"log_prob": log_gr + log_s - jac',
         ["tests/test_shape_flow.py"]),
-    "ShapeFlow: eigenvalues of S reversed relative to Y": (
-        "grassflow/flows/shape_flow.py", "return Y, torch.diag_embed(lam)",
+    "TwoPartShapeFlow: eigenvalues of S reversed relative to Y": (
+        "grassflow_paper/two_part.py", "return Y, torch.diag_embed(lam)",
         "return Y, torch.diag_embed(lam.flip(-1))", ["tests/test_shape_flow.py"]),
-    "ShapeFlow: no Haar rotation in sampling": (
-        "grassflow/flows/shape_flow.py", "(Y @ torch.linalg.cholesky(S) @ R)",
+    "TwoPartShapeFlow: no Haar rotation in sampling": (
+        "grassflow_paper/two_part.py", "(Y @ torch.linalg.cholesky(S) @ R)",
         "(Y @ torch.linalg.cholesky(S))",
         ["tests/test_shape_flow.py"]),
-    "ShapeFlow: wrong sign of the log det S term": (
+    "TwoPartShapeFlow: wrong sign of the log det S term": (
         "grassflow/distributions/cartesian.py", "return const - 0.5 * (n - k - 1) * torch.log(lam)",
         "return const + 0.5 * (n - k - 1) * torch.log(lam)", ["tests/test_shape_flow.py"]),
-    "ShapeFlow: density 1 % too high everywhere": (
-        "grassflow/flows/shape_flow.py", '"log_prob": log_gr + log_s + jac}',
+    "TwoPartShapeFlow: density 1 % too high everywhere": (
+        "grassflow_paper/two_part.py", '"log_prob": log_gr + log_s + jac}',
         '"log_prob": log_gr + log_s + jac + 0.01}', ["tests/test_shape_flow.py"]),
     "GrCNF: density 1 % too high everywhere": (
         "grassflow/flows/grcnf.py", "return self._prior_log_prob(Y0) + a0",
@@ -77,13 +82,14 @@ MUTATIONS = {
         "div = (Jv * basis)[::2].sum(dim=(0, -2, -1))", ["tests/test_equivariant_cnf.py"]),
     # issue 33's audit: eight bugs that survived the quick loop, and a 3 % density error
     "DistanceGram: metric_fit given the targets as weights and the weights as targets": (
-        "grassflow/nn/gram.py", "S = metric_fit(d, out[..., 0], out[..., 1])",
+        "grassflow_paper/gram_densities.py", "S = metric_fit(d, out[..., 0], out[..., 1])",
         "S = metric_fit(d, out[..., 1], out[..., 0])", ["tests/test_distance_gram.py"]),
     "DistanceGram: initialize takes targets from |d|^2, ignoring S": (
-        "grassflow/nn/gram.py", 'sq = torch.einsum("...pa,...ab,...pb->...p", d, S.to(d), d)',
+        "grassflow_paper/gram_densities.py",
+        'sq = torch.einsum("...pa,...ab,...pb->...p", d, S.to(d), d)',
         "sq = (d * d).sum(-1)", ["tests/test_distance_gram.py"]),
     "DistanceGram: density 3 % too high everywhere": (
-        "grassflow/nn/gram.py", "return torch.logsumexp(log_pi + lp, -1)",
+        "grassflow_paper/gram_densities.py", "return torch.logsumexp(log_pi + lp, -1)",
         "return torch.logsumexp(log_pi + lp, -1) + 0.03", ["tests/test_distance_gram.py"]),
     "EquivariantCNF: the float64 re-solve only on NaN (+-inf passes through)": (
         "grassflow/baselines/equivariant_cnf.py", "if torch.isfinite(lp).all():",

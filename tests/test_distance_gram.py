@@ -24,7 +24,7 @@ from grassflow.distributions.spd import (
 from grassflow.manifolds import Grassmann
 from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.nn import scale_init_
-from grassflow.nn.gram import DistanceGram, metric_fit
+from grassflow_paper.gram_densities import DistanceGram, metric_fit
 
 M3 = torch.tensor([[2.0, 0.3, 0.1], [0.3, 1.0, -0.2], [0.1, -0.2, 0.7]], dtype=torch.float64)
 
@@ -309,14 +309,14 @@ def test_precision_form_reduces_to_the_isotropic_one_and_has_stable_gradients():
 
 
 def test_shape_flow_with_the_distance_gram_is_invariant_and_samples():
-    # catches: the option not reaching ShapeFlow (a Wishart instead), the span-dependent
+    # catches: the option not reaching TwoPartShapeFlow (a Wishart instead), the span-dependent
     # initialization not run by train_shape_flow, or a Cartesian density that is not invariant
     # to translations, rotations, reflections and relabelling with this Gram density
-    from grassflow.flows import ShapeFlow
+    from grassflow_paper.two_part import TwoPartShapeFlow
 
     n, d = 6, 3
     torch.manual_seed(10)
-    model = ShapeFlow(n, d, gram="distance", gram_options={"hidden": 16}).double()
+    model = TwoPartShapeFlow(n, d, gram="distance", gram_options={"hidden": 16}).double()
     assert isinstance(model.gram, DistanceGram)
     P = 2.0 * torch.randn(40, n, d, dtype=torch.float64)
     Y, S = model.factor(P)
@@ -331,4 +331,4 @@ def test_shape_flow_with_the_distance_gram_is_invariant_and_samples():
         X = model.sample(5, torch.Generator().manual_seed(11))
     assert X.shape == (5, n, d) and torch.isfinite(X).all()
     with pytest.raises(ValueError, match="gram must be one of"):
-        ShapeFlow(n, d, gram="gaussian")
+        TwoPartShapeFlow(n, d, gram="gaussian")

@@ -228,7 +228,7 @@ def aligned(D, k, theta):
     Column i is e_i for the k - r forced angles (theta_i = 0) and
     ``cos(theta_i) e_i + sin(theta_i) e_{k+j}`` for the j-th free one, so equal angles give
     bit-for-bit equal singular values of ``M^T Y`` for the prior mean ``M = I_{D,k}``
-    (ShapeFlow's).
+    (TwoPartShapeFlow's).
     """
     r = min(k, D - k)
     Y = torch.zeros(*theta.shape[:-1], D, k)
@@ -331,10 +331,10 @@ def test_prior_gradient_at_tied_positive_angles(k, D):
 def test_shape_flow_gaussian_prior_gradients_are_finite():
     # the reported failure: ShapeFlow(5, 3) is a flow on Gr(3, 4) (two principal angles always
     # 0), and autograd through the prior's SVD returned NaN for Y and for every parameter
-    from grassflow import ShapeFlow
+    from grassflow_paper.two_part import TwoPartShapeFlow
 
     torch.manual_seed(0)
-    m = ShapeFlow(5, 3, "mlp", prior="gaussian").double()
+    m = TwoPartShapeFlow(5, 3, "mlp", prior="gaussian").double()
     Y, _ = m.factor(torch.randn(8, 5, 3, dtype=torch.float64))
     Y = Y.detach().requires_grad_(True)
     (grad,) = torch.autograd.grad(m.flow.prior().log_prob_unchecked(Y).sum(), Y)

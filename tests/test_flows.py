@@ -440,10 +440,10 @@ def test_float32_model():
 def test_dtype_and_device_follow_the_module():
     """Catches a dtype/device recorded at construction instead of read from the buffers: after
     `.double()` (or `train` moving the model) it would name the old one."""
-    from grassflow import ShapeFlow
+    from grassflow_paper.two_part import TwoPartShapeFlow
 
     flow = GrCNF(Grassmann(1, 3)).float()
     assert (flow.dtype, flow.device) == (torch.float32, torch.device("cpu"))
     assert flow.double().dtype == torch.float64 == flow.prior().sample((1,)).dtype
-    shape = ShapeFlow(5, 2).float()
+    shape = TwoPartShapeFlow(5, 2).float()
     assert shape.dtype == torch.float32 and shape.double().dtype == torch.float64

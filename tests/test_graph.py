@@ -22,8 +22,8 @@ from grassflow.distributions.cartesian import wishart_log_prob, wishart_sample
 from grassflow.manifolds import Grassmann
 from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.nn import GraphPotential, GrassmannField, PointGraph, scale_init_
-from grassflow.nn.gram import WishartGram
 from grassflow.ode import divergence_exact
+from grassflow_paper.gram_densities import WishartGram
 
 CASES = [(5, 2), (6, 3)]  # (n points, k): Gr(2, 4) and Gr(3, 5)
 

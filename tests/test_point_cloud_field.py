@@ -1,11 +1,11 @@
-"""Tests for grassflow.nn.PointCloudField: a horizontal field on Gr(k, n - 1) from an EGNN on
-the span's whitened points, and ShapeFlow(field="egnn") built on it.
+"""Tests for grassflow_paper.span_fields.PointCloudField: a horizontal field on Gr(k, n - 1)
+from an EGNN on the span's whitened points, and TwoPartShapeFlow(field="egnn") built on it.
 
 The field is checked against its defining properties (horizontal, O(k)-equivariant,
 equivariant under relabelling through ``Q = H^T Pi H``), the GrCNF it drives against the
 uniform law by quadrature on Gr(2, 4) (clouds of n = 5 points in R^2, so n > d + 2), and the
-whole ShapeFlow against a multivariate t (quadrature over the span, Monte Carlo over the Gram
-matrix and orientation).
+whole TwoPartShapeFlow against a multivariate t (quadrature over the span, Monte Carlo over
+the Gram matrix and orientation).
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ import torch
 from torch import nn
 
 from conftest import random_orthogonal
-from grassflow.flows import GrCNF, ShapeFlow
+from grassflow.flows import GrCNF
 from grassflow.manifolds import Grassmann
 from grassflow.manifolds.shape_space import helmert_basis
-from grassflow.nn import EGNNField, PointCloudField
+from grassflow.nn import EGNNField
+from grassflow_paper.span_fields import PointCloudField
+from grassflow_paper.two_part import TwoPartShapeFlow
 from quadrature import grassmann_rule, log_volume_grassmann
 from test_shape_flow import calibrate_gram, haar, stratified_mean
 
@@ -126,7 +128,7 @@ class Recorder(nn.Module):
         return self.inner(t, Y)
 
 
-def calibrate_distance_gram(model: ShapeFlow, S: torch.Tensor, Y: torch.Tensor) -> None:
+def calibrate_distance_gram(model: TwoPartShapeFlow, S: torch.Tensor, Y: torch.Tensor) -> None:
     """Random pair-target heads (so the centre S*(Y) depends on the span) and log-widths 0.7,
     the smallest variance of the weights against the test's proposal (0.3 to 1.0 tried
     against a Gaussian; 0.5 and 0.7 against the t)."""
@@ -147,12 +149,12 @@ class ZeroField(nn.Module):
 
 @pytest.mark.parametrize("gram", ["wishart", "distance"])
 def test_shape_flow_egnn_is_normalized_and_invariant(gram):
-    # catches: the egnn option building a field the flow does not use, a ShapeFlow density
-    # that is not normalized with this field (n = 5 > d + 2 = 4, so the det S exponent is
-    # live), or one that is not invariant to translation, O(d) and relabelling. "distance" is
-    # the default model of `grassflow train --data`, built by the experiment's own builder
-    # (a default that reached another Gram density, or S fed to it in another scale or basis
-    # than its span's, would fail). Both detect a density 3 % off (power asserted).
+    # catches: the egnn option building a field the flow does not use, a TwoPartShapeFlow
+    # density that is not normalized with this field (n = 5 > d + 2 = 4, so the det S exponent
+    # is live), or one that is not invariant to translation, O(d) and relabelling. "distance"
+    # was the default model of `grassflow train --data` until issue 34, built here as its
+    # builder did (S fed to the Gram density in another scale or basis than its span's would
+    # fail). Both detect a density 3 % off (power asserted).
     # int p dP' = E_q[p / q] = 1 with q a multivariate t (nu = 10, scale s2) on the Helmert
     # coordinates: a scale mixture of isotropic Gaussians, so under q the span is uniform and
     # independent of the Gram matrix (in a Haar frame of the span) and the orientation. Its
@@ -164,20 +166,22 @@ def test_shape_flow_egnn_is_normalized_and_invariant(gram):
     # cloud per node, and r (the Gram and Jacobian parts) from the same model with a zero
     # field (its Grassmann part is then 1 / V_Gr), which costs no ODE. The Wishart Gram
     # density is test_shape_flow's calibrated one.
-    from grassflow.nn.gram import DistanceGram
-    from grassflow.tasks.shape_runs import ShapeExperiment, build_model
+    from grassflow.training.rng import seeded_init
+    from grassflow_paper.gram_densities import DistanceGram
 
     n, d = 5, 2
     if gram == "wishart":
-        model = ShapeFlow(n, d, "egnn", field_options={"hidden": 16, "layers": 2},
-                          gram_options={"hidden": 8},
-                          chunk_size=4096, **TIGHT).eval()  # fmt: skip
+        model = TwoPartShapeFlow(n, d, "egnn", field_options={"hidden": 16, "layers": 2},
+                                 gram_options={"hidden": 8},
+                                 chunk_size=4096, **TIGHT).eval()  # fmt: skip
         calibrate_gram(model, dof=n - 1.0, w_spread=0.1, dof_spread=0.03)
     else:
-        exp = ShapeExperiment(data="unused", n_points=n, dim=d, hidden=16, chunk_size=4096,
-                              **TIGHT)  # fmt: skip
-        model = build_model(exp).eval()
-        assert isinstance(model.gram, DistanceGram) and exp.potential == "egnn"
+        with seeded_init(0):  # as `grassflow train --data` built it (issue 33)
+            model = TwoPartShapeFlow(n, d, "egnn", "distance", chunk_size=4096,
+                                     field_options={"hidden": 16, "layers": 3},
+                                     gram_options={"components": 1}, prior="uniform",
+                                     **TIGHT).double().eval()  # fmt: skip
+        assert isinstance(model.gram, DistanceGram)
     assert isinstance(model.flow.field, PointCloudField)
     field = model.flow.field = Recorder(make_field(n, d, rms=0.3))  # the quadrature test's
     U, wq = grassmann_rule(d, n - 1, 15)

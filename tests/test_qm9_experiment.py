@@ -11,7 +11,6 @@ from scipy.spatial.distance import jensenshannon, pdist
 
 from grassflow.data import qm9 as qm9data
 from grassflow.distributions.cartesian import cartesian_log_prob_gram
-from grassflow.flows import ShapeFlow
 from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.nn.graph import GraphPotential
 from grassflow.tasks.run_dir import read_preset
@@ -19,6 +18,7 @@ from grassflow.tasks.run_dir import test_subset as seeded_rows  # not collected 
 from grassflow.training import read_metrics
 from grassflow_paper import qm9_report
 from grassflow_paper import qm9_runs as qm9
+from grassflow_paper.two_part import TwoPartShapeFlow
 
 try:
     qm9data.qm9pack_data_dir()
@@ -52,7 +52,7 @@ def cache_dir(tmp_path_factory):
 
 def exact_log_prob(models, X):
     """The exact model's log-density written out with the Gram form of the Cartesian density,
-    from the run's flow and Gram density (not through ShapeFlow.log_prob)."""
+    from the run's flow and Gram density (not through TwoPartShapeFlow.log_prob)."""
     P = helmert_basis(19).mT @ (X - X.mean(dim=-2, keepdim=True))
     with torch.no_grad():
         return cartesian_log_prob_gram(P, models.flow.log_prob, models.shape.gram.log_prob)
@@ -70,12 +70,13 @@ def test_reproduce_table2_tiny(tmp_path, cache_dir, fixed_pace):
     # the exact NLL is the sum of its parts
     parts = r["test_nll_grassmann"] + r["test_nll_gram"] + r["mean_log_jacobian"]
     assert r["test_nll"] == pytest.approx(parts, rel=1e-9)
-    # ... and it is the NLL of the run's ShapeFlow, written out independently
+    # ... and it is the NLL of the run's TwoPartShapeFlow, written out independently
     _, models = qm9.load_run(runs)
-    assert isinstance(models.shape, ShapeFlow) and models.flow is models.shape.flow
+    assert isinstance(models.shape, TwoPartShapeFlow) and models.flow is models.shape.flow
     # the seeded draw of n_test molecules (a prefix of the composition-ordered split is biased)
     test = seeded_rows(qm9.load_molecules(cache_dir)["test"], 24)
-    # (to the ODE's tolerance: here the flow solves all 24 at once, the ShapeFlow in chunks of 16)
+    # (to the ODE's tolerance: here the flow solves all 24 at once, the two-part model in
+    # chunks of 16)
     assert -exact_log_prob(models, test).mean().item() == pytest.approx(r["test_nll"], abs=1e-3)
     # catches: evaluating an untrained part (the loaded Gram density is the trained one)
     best = torch.load(runs / "gram" / "best.pt", weights_only=False)["model"]
@@ -159,7 +160,7 @@ def test_reproduce_table2_tiny(tmp_path, cache_dir, fixed_pace):
 
 
 def test_old_run_directory(tmp_path, cache_dir):
-    # a run directory from before the exact model was a ShapeFlow: its preset still loads
+    # a run directory from before the exact model was a TwoPartShapeFlow: its preset still loads
     # (new fields take their defaults), but it is refused as another run, naming the field
     old = tmp_path / "old"
     old.mkdir()

@@ -153,7 +153,7 @@ def test_runs_from_before_run_identities_are_adopted(tmp_path, caplog):
 
 
 def test_fields_added_later_keep_old_runs_resumable(tmp_path):
-    # catches: every vs-E-NF run made before ShapeFlow's `gram` option (or another added
+    # catches: every vs-E-NF run made before the two-part model's `gram` option (or another added
     # field) refusing to continue, while a run that really differs in it is still refused
     from grassflow_paper.vs_enf import ADDED_FIELDS, ENFExperiment
 

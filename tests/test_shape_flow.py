@@ -1,7 +1,7 @@
-"""Tests for grassflow.flows.ShapeFlow: the exact density on point clouds.
+"""Tests for grassflow_paper.two_part.TwoPartShapeFlow: the exact density on point clouds.
 
 The density lives on the (n - 1) d CoM-free Helmert coordinates ``P' = H^T (P - mean)``. Its
-values are checked against closed forms (a ShapeFlow that is an isotropic Gaussian) and a
+values are checked against closed forms (a TwoPartShapeFlow that is an isotropic Gaussian) and a
 brute-force recomputation of each term, and its normalization against an isotropic Gaussian
 proposal ``q(P') = N(0, s^2 I)`` in both directions: ``E_q[p / q] = 1`` (log_prob alone) and
 ``E_{P ~ model}[q / p] = 1`` (sample and log_prob together). The Gaussian's own decomposition is
@@ -32,11 +32,11 @@ import torch
 
 from conftest import mc_tolerance, random_orthogonal
 from grassflow.distributions.cartesian import wishart_log_prob
-from grassflow.flows.shape_flow import ShapeFlow
 from grassflow.manifolds import Grassmann
 from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.nn import scale_init_
-from grassflow.nn.gram import WishartGram
+from grassflow_paper.gram_densities import WishartGram
+from grassflow_paper.two_part import TwoPartShapeFlow
 from quadrature import grassmann_rule, log_volume_grassmann
 
 TOL = {"atol": 1e-6, "rtol": 1e-6}
@@ -47,7 +47,7 @@ TOL = {"atol": 1e-6, "rtol": 1e-6}
 MC_CASES = [(4, 2, 0.065, 4000), (5, 3, 0.055, 2500)]
 
 
-def calibrate_gram(model: ShapeFlow, dof: float, w_spread: float = 0.15,
+def calibrate_gram(model: TwoPartShapeFlow, dof: float, w_spread: float = 0.15,
                    dof_spread: float = 0.05) -> None:  # fmt: skip
     """Give the WishartGram's (zero-initialized) weight and dof heads random weights, scaled so
     that over uniform Y the log-weights log w_i have standard deviation ``w_spread`` around 0
@@ -69,15 +69,15 @@ def calibrate_gram(model: ShapeFlow, dof: float, w_spread: float = 0.15,
 
 def make_model(
     n: int, d: int, gain: float = 2.0, field_rms: float | None = None, **kwargs
-) -> ShapeFlow:
-    """An untrained ShapeFlow: potential weights scaled by ``gain`` (nonlinear features); with
-    ``field_rms`` the potential's output layer is rescaled so that the field's RMS norm over
-    uniform [Y] at t = T / 2 is ``field_rms`` (how far the flow moves mass, whatever the
-    random initialization); the Gram density from :func:`calibrate_gram`."""
+) -> TwoPartShapeFlow:
+    """An untrained TwoPartShapeFlow: potential weights scaled by ``gain`` (nonlinear
+    features); with ``field_rms`` the potential's output layer is rescaled so that the field's
+    RMS norm over uniform [Y] at t = T / 2 is ``field_rms`` (how far the flow moves mass,
+    whatever the random initialization); the Gram density from :func:`calibrate_gram`."""
     field = kwargs.pop("field", "graph")
     options = {"widths": kwargs.pop("widths")} if field == "mlp" else {"hidden": 8}
     kwargs = {"field_options": options, "gram_options": {"hidden": 8}, **TOL, **kwargs}
-    model = ShapeFlow(n, d, field, **kwargs).eval()
+    model = TwoPartShapeFlow(n, d, field, **kwargs).eval()
     field = scale_init_(model.flow.field, gain)
     if field_rms is not None:
         X = field(0.5 * model.flow.T.detach(), Grassmann(d, n - 1).random(500))
@@ -276,7 +276,7 @@ def test_sampled_gram_follows_the_conditional_law(n, d):
 
 
 # ------------------------------------------ exact values, Haar rotation, n > d + 2 (quick)
-def uniform_grassmann_part(model: ShapeFlow) -> None:
+def uniform_grassmann_part(model: TwoPartShapeFlow) -> None:
     """Replace the model's GrCNF density by the uniform one, -log V_Gr(d, n - 1) (computed
     here), so that a test of the Gram and Jacobian terms runs no ODE."""
     log_vol = log_volume_grassmann(model.dim, model.n_points - 1)
@@ -292,7 +292,7 @@ def wishart_ref(S: torch.Tensor, dof, V: torch.Tensor) -> torch.Tensor:
 def test_log_prob_of_the_isotropic_gaussian(n, d):
     # catches: the Jacobian with n instead of n - 1 rows, subtracted instead of added, or the
     # wrong sign of its log det S term (exponent (n - d - 2) / 2 != 0 here), and any constant
-    # offset: with a zero field (uniform [Y]) and S | Y ~ Wishart(n - 1, s2 I), the ShapeFlow
+    # offset: with a zero field (uniform [Y]) and S | Y ~ Wishart(n - 1, s2 I), the TwoPartShapeFlow
     # is exactly the isotropic Gaussian N(0, s2 I) on the (n - 1) d Helmert coordinates
     s2 = 0.7
     model = make_model(n, d, gain=0.0)
@@ -319,7 +319,7 @@ def test_log_prob_by_brute_force(n, d):
     P = 1.5 * torch.randn(5, n, d) + 1.0
     Pp = helmert_basis(n).mT @ (P - P.mean(1, keepdim=True))
     Y = torch.linalg.qr(Pp)[0] @ torch.linalg.qr(torch.randn(5, d, d))[0]
-    S = Y.mT @ Pp @ Pp.mT @ Y  # not diagonal: another frame than ShapeFlow's
+    S = Y.mT @ Pp @ Pp.mT @ Y  # not diagonal: another frame than TwoPartShapeFlow's
     with torch.no_grad():
         lp = model.log_prob(P)
         log_gr = model.flow.log_prob(Y)
@@ -533,9 +533,9 @@ def test_bad_input_raises():
     # n < d + 2: no density on centred clouds (Gr(d, n - 1) is a point or undefined)
     for n, d in [(3, 2), (4, 3), (2, 1), (4, 0)]:
         with pytest.raises(ValueError):
-            ShapeFlow(n, d)
+            TwoPartShapeFlow(n, d)
     with pytest.raises(ValueError):
-        ShapeFlow(5, 2, "transformer")
+        TwoPartShapeFlow(5, 2, "transformer")
 
 
 # ------------------------------------------------------------------ the MLP potential
@@ -562,7 +562,7 @@ def test_non_invariant_options_are_not_permutation_invariant(potential, prior):
 
 
 def test_gram_density_is_wishart_of_the_model():
-    # catches: ShapeFlow's Gram term using another parametrization than WishartGram.params
+    # catches: TwoPartShapeFlow's Gram term using another parametrization than WishartGram.params
     model = make_model(5, 2)
     P = torch.randn(4, 5, 2)
     with torch.no_grad():

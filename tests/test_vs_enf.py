@@ -16,11 +16,11 @@ import torch
 
 from grassflow.cli import main
 from grassflow.data.particle_files import missing_files, shared_data_dir
-from grassflow.flows import ShapeFlow
 from grassflow.metrics import closest_pair_fraction
 from grassflow.tasks.run_dir import RunMismatch, training_status
 from grassflow_paper import vs_enf
 from grassflow_paper.qm9_runs import QM9Experiment
+from grassflow_paper.two_part import TwoPartShapeFlow
 
 SHARED = shared_data_dir()
 KLEIN = None if SHARED is None else SHARED / "alt_klein2023_from_DEM"
@@ -108,8 +108,8 @@ def test_tiny_run_trains_evaluates_and_continues(tmp_path, fixed_pace):
     parts = r["test_nll_grassmann"] + r["test_nll_gram"] + r["test_nll_jacobian"]
     assert math.isfinite(r["test_nll"]) and r["test_nll"] == pytest.approx(parts, rel=1e-12)
     # catches: evaluating untrained parts, the wrong checkpoint or other test rows: the NLL
-    # of a ShapeFlow built and loaded here by hand from the run's best checkpoints
-    model = ShapeFlow(4, 2, "graph", atol=1e-4, rtol=1e-4).double()
+    # of a TwoPartShapeFlow built and loaded here by hand from the run's best checkpoints
+    model = TwoPartShapeFlow(4, 2, "graph", atol=1e-4, rtol=1e-4).double()
     model.flow.load_state_dict(torch.load(run_dir / "flow" / "best.pt")["model"])
     gram = torch.load(run_dir / "gram" / "best.pt")["model"]
     model.gram.load_state_dict({k.removeprefix("gram."): v for k, v in gram.items()})
@@ -366,7 +366,7 @@ def test_command_line_rebuilds_the_experiment():
     # catches: a "Made by" line in results/vs_enf that leaves out an option the run used
     # (the field, the Gram density, the validation that picks the best checkpoint)
     from grassflow.cli import build_parser
-    from grassflow.flows import POTENTIALS
+    from grassflow_paper.two_part import POTENTIALS
 
     exp = vs_enf.ENFExperiment(system="lj13", potential="egnn", gram="distance",
                                gram_fraction=0.3, gram_max_minutes=3.0, n_val_flow=50,

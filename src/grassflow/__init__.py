@@ -15,7 +15,7 @@ if "torch" not in _sys.modules:
 from ._malloc import configure as _configure_malloc
 from .baselines import EquivariantCNF
 from .distributions import MatrixGaussianPrior, UniformGrassmann
-from .flows import GrCNF, ShapeFlow
+from .flows import GrCNF
 from .manifolds import Grassmann
 from .nn import GrassmannField, Potential
 from .ode import odeint_grassmann
@@ -27,7 +27,6 @@ __all__ = [
     "GrassmannField",
     "MatrixGaussianPrior",
     "Potential",
-    "ShapeFlow",
     "UniformGrassmann",
     "odeint_grassmann",
     "__version__",

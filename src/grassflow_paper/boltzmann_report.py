@@ -1,4 +1,4 @@
-"""Boltzmann-generator metrics of the vs-E-NF runs, ShapeFlow's and the baseline's alike.
+"""Boltzmann-generator metrics of the vs-E-NF runs, the two-part model's and the baseline's alike.
 
 For a trained run on DW4 or LJ13 (`vs_enf` or `efm`): the energies of
 ``n_samples`` model samples against those of the test configurations (histogram and
@@ -40,7 +40,7 @@ __all__ = ["evaluate", "load_any", "plot"]
 
 
 def load_any(run_dir: str | Path):
-    """``(exp, model, module)`` of a ShapeFlow (`vs_enf`) or baseline (`efm`) run."""
+    """``(exp, model, module)`` of a two-part model (`vs_enf`) or baseline (`efm`) run."""
     preset = json.loads((Path(run_dir) / "experiment.json").read_text())
     module = efm if "coupling" in preset else vs_enf
     exp, model = module.load_run(run_dir)

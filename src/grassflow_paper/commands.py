@@ -116,7 +116,8 @@ def add_commands(sub) -> None:
     """Add ``reproduce`` and its experiments to ``sub`` (a
     `grassflow.cli.options.Subcommands`)."""
     from grassflow.data.textures import TEXTURES
-    from grassflow.flows import GRAMS, POTENTIALS
+
+    from .two_part import GRAMS, POTENTIALS
 
     rep = sub.add_subparsers(
         sub.add_parser("reproduce", help="regenerate a paper experiment"),
@@ -175,7 +176,7 @@ def add_commands(sub) -> None:
                    help="the GrCNF's: mlp (the paper's), graph (invariant to relabelling the "
                         "atoms) or egnn (an EGNN's velocity; both validate far slower)")
     p.add_argument("--gram", default="wishart", choices=tuple(GRAMS),
-                   help="the ShapeFlow's density of S given the span")
+                   help="the two-part model's density of S given the span")
     p.add_argument("--gram-components", type=int, default=1)
     p.add_argument("--layers", type=int, help="the graph potential's or EGNN's layers")
     p.add_argument("--n-val", type=int, default=500,
@@ -184,7 +185,7 @@ def add_commands(sub) -> None:
     p.add_argument("--n-test", type=int,
                    help="score a seeded random N test molecules (default: all 1,813)")
     p.add_argument("--tol", type=float, default=1e-5,
-                   help="ODE atol = rtol of the ShapeFlow's training and evaluation")
+                   help="ODE atol = rtol of the two-part model's training and evaluation")
     add_minutes_option(p, 5.0, old=("--budget",), what="the GrCNF's training CPU minutes")
     add_minutes_option(p, 1.0, old=("--scale-budget",), dest="scale_minutes",
                        flag="--scale-minutes", what="training CPU minutes of each of the Gram "
@@ -209,7 +210,8 @@ def add_commands(sub) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     add_minutes_option(p, 7.0, what="training CPU minutes of each run, both parts")
     p.add_argument("--model", default="shapeflow", choices=("shapeflow", "equivariant-cnf"),
-                   help="ours, or the equivariant flow-matching baseline (EFM; "
+                   help="the two-part model (grassflow_paper.two_part, the diagnosis rows), "
+                        "or the equivariant flow-matching model (EFM; "
                         "grassflow.baselines.EquivariantCNF)")  # fmt: skip
     p.add_argument("--potential", default="graph", choices=POTENTIALS)
     p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
@@ -227,7 +229,7 @@ def add_commands(sub) -> None:
                                 "clouds (EFM's) or the Grassmann bundle (span x metric)")
     efm_group.add_argument("--dtype", choices=("float32", "float64"), help="of training")
     p.add_argument("--gram", default="wishart", choices=tuple(GRAMS),
-                   help="density of S given the span (ShapeFlow's gram)")
+                   help="density of S given the span (the two-part model's gram)")
     p.add_argument("--gram-components", type=int, default=1,
                    help="mixture components of the Gram density")
     p.add_argument("--gram-fraction", type=float, default=0.1,

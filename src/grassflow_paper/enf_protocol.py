@@ -1,6 +1,6 @@
-"""The vs-E-NF protocol that ShapeFlow's runs (`vs_enf`) and the EFM baseline's (`efm`) share:
-the Klein et al. files in ``../shared/data/alt_klein2023_from_DEM/``, their split
-(`ENF_SPLITS`) and the one-line summary of a run's evaluation. Both modules import this one,
+"""The vs-E-NF protocol that the two-part model's runs (`vs_enf`) and the EFM baseline's
+(`efm`) share: the Klein et al. files in ``../shared/data/alt_klein2023_from_DEM/``, their
+split (`ENF_SPLITS`) and the one-line summary of a run's evaluation. Both modules import this one,
 and `vs_enf` imports `efm` (its `sweep` runs either model), never the other way round.
 """
 
@@ -13,7 +13,8 @@ import torch
 
 from grassflow.data.overlap import distinct_rows
 from grassflow.data.particle_files import missing_files, shared_data_dir
-from grassflow.tasks.shape_runs import nll_summary
+
+from .two_part import nll_summary
 
 __all__ = ["ENF_SPLITS", "KLEIN_DIR", "SHAPES", "data_dir_of", "eval_summary", "load_enf_splits"]
 
@@ -70,7 +71,7 @@ def load_enf_splits(
 
 
 def eval_summary(r: dict) -> str:
-    """One line on the evaluation ``r`` of a vs-E-NF run, ShapeFlow's (with its parts) or the
-    baseline's (`efm`)."""
+    """One line on the evaluation ``r`` of a vs-E-NF run, the two-part model's (with its parts)
+    or the baseline's (`efm`)."""
     return (f"[{r['system']}, {r['model']}, n_train {r['n_train']}, atol = rtol = {r['atol']:g}] "
             f"Cartesian test NLL {nll_summary(r)}")  # fmt: skip

@@ -5,16 +5,16 @@ A molecule is a centred cloud ``X: (19, 3)`` (Å); in the Helmert basis H of 1-p
 (`grassflow.manifolds.shape_space.shape_factor`). Two models share one GrCNF on
 Gr(3, 18) for [Y] (flow matching by default, or maximum likelihood):
 
-* exact model: a `ShapeFlow` ``(19, 3)``, the GrCNF (its ``flow``;
+* exact model: a two-part `two_part.TwoPartShapeFlow` ``(19, 3)``, the GrCNF (its ``flow``;
   potential ``"mlp"``, the paper's, by default, or ``"graph"``, invariant to relabelling the
   atoms) and a `WishartGram` for S given Y (its ``gram``), trained
-  in two stages as `shapes` trains users' clouds (`shapes.train_shape_flow`).
+  in two stages (`two_part.train_shape_flow`).
   It is an exact, O(3)-invariant density on the 54-dimensional centred coordinates
-  (`ShapeFlow.log_prob`), on the same space as E-NF's;
+  (`TwoPartShapeFlow.log_prob`), on the same space as E-NF's;
 * the paper's model: the scale estimator as a `GramDecoder`,
   S' = Y'^T P P^T Y' given a representative Y' = Y Q whose orientation Q is latent (Haar
   prior and posterior), trained on the -ELBO of the paper's appendix
-  (`cartesian_elbo`). The flow is the ShapeFlow's:
+  (`cartesian_elbo`). The flow is the exact model's:
   the GrCNF term of the ELBO does not depend on Q. Besides the -ELBO we report an
   importance-weighted estimate of the same model's NLL.
 
@@ -25,7 +25,7 @@ modelled: generated ``.xyz`` files use ``X``.
 
 A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``gram/`` and
 ``decoder/`` (trainer files), ``eval.json`` and ``samples.npy`` / ``samples_paper.npy``.
-Runs made before the exact model was a ShapeFlow (with ``scale/``) are refused as another
+Runs made before the exact model was the two-part model (with ``scale/``) are refused as another
 run (their ``experiment.json`` lacks ``potential``); retrain them with ``force``.
 """
 
@@ -41,8 +41,7 @@ from torch import Tensor, nn
 
 from grassflow.data.qm9 import load_qm9_positional
 from grassflow.distributions.cartesian import cartesian_elbo, random_orthogonal
-from grassflow.flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, GrCNF, ShapeFlow
-from grassflow.flows.shape_flow import preset_field_options
+from grassflow.flows import GrCNF
 from grassflow.manifolds.shape_space import helmert_basis, shape_factor
 from grassflow.metrics import closest_pair_fraction, distance_histogram, jsd, mean_sem
 from grassflow.nn import PAPER_WIDTHS
@@ -58,16 +57,19 @@ from grassflow.tasks.run_dir import (
     test_subset,
     training_status,
 )
-from grassflow.training import (
-    OBJECTIVES,
-    TrainConfig,
-    load_checkpoint,
-    load_shape_flow,
-    train,
-    train_shape_flow,
-)
+from grassflow.training import OBJECTIVES, TrainConfig, load_checkpoint, train
 from grassflow.training.checkpoint import write_json
 from grassflow.training.rng import seeded_init
+
+from .two_part import (
+    DEFAULT_LAYERS,
+    GRAMS,
+    POTENTIALS,
+    TwoPartShapeFlow,
+    load_shape_flow,
+    preset_field_options,
+    train_shape_flow,
+)
 
 __all__ = [
     "RUN_KIND",
@@ -93,13 +95,13 @@ class QM9Experiment:
         potential: the GrCNF's, ``"mlp"`` (the paper's HorP + ConcatSquash MLP),
             ``"graph"`` (message passing on the atoms, invariant to relabelling them) or
             ``"egnn"`` (an EGNN's velocity on the span's whitened points; see
-            `ShapeFlow`).
+            `TwoPartShapeFlow`).
         hidden: the MLP's widths (paper: 32-32-32).
         graph_hidden, layers: the graph potential's or the EGNN's width and layers (None:
             `DEFAULT_LAYERS`).
-        gram, gram_components: the ShapeFlow's density of S given the span, ``"wishart"``
+        gram, gram_components: the TwoPartShapeFlow's density of S given the span, ``"wishart"``
             or ``"distance"`` (log-normal pair distances), and its mixture components.
-        chunk_size: molecules per exact-divergence ODE solve of the ShapeFlow's
+        chunk_size: molecules per exact-divergence ODE solve of the TwoPartShapeFlow's
             ``log_prob`` (bounds the memory of evaluation; the graph potential needs small).
         flow_minutes: GrCNF training CPU minutes (resumable).
         scale_minutes: of each scale model, the Gram density and the paper's decoder.
@@ -190,7 +192,7 @@ class DecoderModel(nn.Module):
 class QM9Models:
     """The exact model (``shape``) and the paper's decoder, which share ``shape.flow``."""
 
-    shape: ShapeFlow
+    shape: TwoPartShapeFlow
     decoder: DecoderModel
 
     @property
@@ -209,11 +211,11 @@ def load_molecules(cache_dir: str | Path, dtype: torch.dtype = torch.float64) ->
 
 
 def _models(exp: QM9Experiment, init_scale: Tensor | None = None) -> QM9Models:
-    """The untrained models of ``exp``: the ShapeFlow in float64, the decoder in float32
+    """The untrained models of ``exp``: the TwoPartShapeFlow in float64, the decoder in float32
     (``init_scale``: the scale estimator's starting scales, from the training data)."""
     mlp = exp.potential == "mlp"
     with seeded_init(exp.seed):
-        shape = ShapeFlow(
+        shape = TwoPartShapeFlow(
             N + 1, K, exp.potential, exp.gram,
             field_options=preset_field_options(
                 exp.potential, exp.hidden if mlp else exp.graph_hidden, exp.layers),
@@ -227,8 +229,8 @@ def _models(exp: QM9Experiment, init_scale: Tensor | None = None) -> QM9Models:
 def run(
     exp: QM9Experiment, run_dir: str | Path, *, progress: bool = True, force: bool = False
 ) -> None:
-    """Train (or continue) the models of ``exp`` in ``run_dir``: the ShapeFlow's flow and
-    Gram density (`shapes.train_shape_flow`), then the paper's decoder.
+    """Train (or continue) the models of ``exp`` in ``run_dir``: the TwoPartShapeFlow's flow and
+    Gram density (`two_part.train_shape_flow`), then the paper's decoder.
 
     ``run_dir`` must be new or hold the same preset and split (`run_dir.claim_run_dir`;
     ``flow_minutes`` and ``scale_minutes`` may grow); ``force`` deletes a mismatched one.
@@ -265,7 +267,7 @@ def load_run(run_dir: str | Path) -> tuple[QM9Experiment, QM9Models]:
 def sample_molecules(m: QM9Models, n: int, seed: int = 0, model: str = "exact") -> Tensor:
     """``n`` generated centred molecules ``(n, 19, 3)`` (Å), float64.
 
-    ``model="exact"``: `ShapeFlow.sample` (in a Haar-random overall orientation).
+    ``model="exact"``: `TwoPartShapeFlow.sample` (in a Haar-random overall orientation).
     ``model="paper"``: [Y] from the flow, a Haar representative Y' = Y Q and S' from the
     decoder at Y' (P = Y' chol(S'); the overall rotation is I).
     """
@@ -288,12 +290,12 @@ def _status(run_dir: Path) -> dict:
 
 
 def evaluate(run_dir: str | Path, n_samples: int = 1000, batch_size: int = 200) -> dict:
-    """Test NLL of the exact model (-`ShapeFlow.log_prob`, with its parts), -ELBO and
+    """Test NLL of the exact model (-`TwoPartShapeFlow.log_prob`, with its parts), -ELBO and
     IWAE NLL of the paper's (nats per molecule, 54-D centred coordinates), and the distance
     JSD of both models' samples. ``batch_size``: molecules per -ELBO / IWAE batch.
 
     ``given_spans_*``: the JSD and broken fraction of molecules built from the test
-    molecules' own spans with S from the Gram density (`ShapeFlow.sample_given`), so
+    molecules' own spans with S from the Gram density (`TwoPartShapeFlow.sample_given`), so
     the Gram density's share of the samples' errors shows.
 
     ``mean_log_jacobian`` is the mean log-Jacobian of the change of variables to (Y, S, R),

@@ -3,8 +3,10 @@
 Same data, space and CPU budget as the anchors (`ANCHORS`): the Klein et al. files in
 ``../shared/data/alt_klein2023_from_DEM/`` split as `ENF_SPLITS`; densities w.r.t.
 Lebesgue measure on the (n - 1) d CoM-free (Helmert) coordinates, nats per configuration. A
-run trains a `ShapeFlow` in two resumable stages
-(`shapes.train_shape_flow`): the GrCNF on Gr(d, n - 1), then the Gram density.
+run trains the two-part model (`two_part.TwoPartShapeFlow`, the "shapeflow" rows) in two
+resumable stages (`two_part.train_shape_flow`): the GrCNF on Gr(d, n - 1), then the Gram
+density. That model left the library in issue 34 (last there in commit 3531f93); these rows
+are kept as the diagnosis of it.
 
 * Budget: ``minutes`` is the total training CPU time of both parts (validation apart);
   the Gram density gets ``min(gram_max_minutes, gram_fraction minutes)`` (default
@@ -32,8 +34,6 @@ import numpy as np
 import torch
 
 from grassflow.data.overlap import novel_mask
-from grassflow.flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow
-from grassflow.flows.shape_flow import preset_field_options
 from grassflow.manifolds.shape_space import helmert_basis
 from grassflow.metrics import mean_sem
 from grassflow.tasks.registry import RunKind
@@ -44,14 +44,8 @@ from grassflow.tasks.run_dir import (
     test_subset,
     training_status,
 )
-from grassflow.tasks.shape_runs import save_sampled_clouds, split_budget
-from grassflow.training import (
-    OBJECTIVES,
-    TrainConfig,
-    load_checkpoint,
-    load_shape_flow,
-    train_shape_flow,
-)
+from grassflow.tasks.shape_runs import save_sampled_clouds
+from grassflow.training import OBJECTIVES, TrainConfig, load_checkpoint
 from grassflow.training.checkpoint import write_json
 from grassflow.training.clock import Stopwatch
 from grassflow.training.rng import seeded_init
@@ -66,6 +60,16 @@ from .enf_protocol import (  # re-exported: the protocol's names, as before
     load_enf_splits,
 )
 from .qm9_runs import QM9Experiment
+from .two_part import (
+    DEFAULT_LAYERS,
+    GRAMS,
+    POTENTIALS,
+    TwoPartShapeFlow,
+    load_shape_flow,
+    preset_field_options,
+    split_budget,
+    train_shape_flow,
+)
 
 __all__ = [
     "RUN_KIND",
@@ -78,7 +82,7 @@ __all__ = [
 # preset fields added after runs were made: the value those runs had without saying so
 ADDED_FIELDS = {"gram_components": 1, "gram_fraction": 0.1, "gram_max_minutes": 1.0,
                 "gram": "wishart"}  # fmt: skip
-PARTS = ("grassmann", "gram", "jacobian")  # of ShapeFlow.log_prob_terms
+PARTS = ("grassmann", "gram", "jacobian")  # of TwoPartShapeFlow.log_prob_terms
 
 _PAPER_PROTOCOL = "a density on uncentred Gr(k, n), not on these coordinates: not comparable"
 # Klein et al. 2023 on these files (GPU, long training); their bgflow prior leaves out the
@@ -147,7 +151,7 @@ class ENFExperiment:
             objective: the GrCNF's, ``"fm"``, ``"fm-ot"`` or ``"mle"``.
         minutes: total training CPU minutes of both parts (split: `budgets`).
         tol: the ODE's atol = rtol, of validation and of the test NLL.
-        hidden, layers, gram, gram_hidden, gram_layers, chunk_size: see `ShapeFlow`.
+        hidden, layers, gram, gram_hidden, gram_layers, chunk_size: see `TwoPartShapeFlow`.
         lr, batch_size: the flow's Adam (the Gram density's: 1e-3, 128).
         n_val_flow: validation configurations of the flow's exact NLL (the Gram uses all);
             it runs every ``val_every_minutes`` and at iterations 100, 200, 400, ...
@@ -243,10 +247,10 @@ class ENFExperiment:
         return cls(**d)
 
 
-def build_model(exp: ENFExperiment) -> ShapeFlow:
-    """The untrained `ShapeFlow` of ``exp`` (weights seeded by ``exp.seed``), float64."""
+def build_model(exp: ENFExperiment) -> TwoPartShapeFlow:
+    """The untrained `TwoPartShapeFlow` of ``exp`` (weights seeded by ``exp.seed``), float64."""
     with seeded_init(exp.seed):
-        return ShapeFlow(
+        return TwoPartShapeFlow(
             *SHAPES[exp.system], exp.potential, exp.gram,
             field_options=preset_field_options(exp.potential, exp.hidden, exp.layers),
             gram_options={"hidden": exp.gram_hidden, "layers": exp.gram_layers,
@@ -270,7 +274,7 @@ def run(exp: ENFExperiment, run_dir: str | Path, *, force: bool = False, progres
                      progress=progress)  # fmt: skip
 
 
-def load_run(run_dir: str | Path) -> tuple[ENFExperiment, ShapeFlow]:
+def load_run(run_dir: str | Path) -> tuple[ENFExperiment, TwoPartShapeFlow]:
     """The preset and the model with each part's best validation checkpoint, eval mode."""
     exp = read_preset(Path(run_dir), ENFExperiment.from_dict, "vs-enf")
     return exp, load_shape_flow(build_model(exp), run_dir)
@@ -353,7 +357,7 @@ def sweep(
     train_run, evaluate_run = (efm.run, efm.evaluate) if isinstance(base, efm.EFMExperiment) \
         else (run, evaluate)  # fmt: skip
     if "qm9" in systems and not isinstance(base, efm.EFMExperiment):
-        raise ValueError("QM9's ShapeFlow rows come from `grassflow reproduce table2`")
+        raise ValueError("QM9's TwoPartShapeFlow rows come from `grassflow reproduce table2`")
     splits = efm.load_splits if isinstance(base, efm.EFMExperiment) else load_enf_splits
     for system in systems:  # missing files or rows: fail before training anything
         splits(system, max(n_trains), base.data_dir)
@@ -406,7 +410,7 @@ def _anchor_rows() -> list[dict]:
 
 
 def qm9_model(exp) -> str:
-    """The ``model`` name of a `QM9Experiment`'s exact ShapeFlow rows."""
+    """The ``model`` name of a `QM9Experiment`'s exact TwoPartShapeFlow rows."""
     prior = "" if exp.prior == "uniform" else f"-{exp.prior}"
     gram = "" if exp.gram == "wishart" else f"-distgram{exp.gram_components}"
     return f"grassflow-{exp.potential}-{exp.objective}{prior}{gram}"
@@ -429,7 +433,7 @@ def table2_command(exp) -> str:
 
 def qm9_row(result: dict, exp) -> dict:
     """A ``vs_enf.json`` row of a QM9 run's evaluation (`qm9.evaluate`) of
-    ``exp`` (its `QM9Experiment`): the exact ShapeFlow's test NLL, distance
+    ``exp`` (its `QM9Experiment`): the exact TwoPartShapeFlow's test NLL, distance
     JSD and broken fraction; budget and minutes are the flow's plus the Gram density's."""
     return {
         "system": "qm9", "model": qm9_model(exp),
@@ -494,7 +498,7 @@ def markdown_table(rows: list[dict], system: str) -> str:
     groups: dict[tuple, list[dict]] = {}
     for r in (r for r in rows if r["system"] == system):
         groups.setdefault((r["model"], r["n_train"], r.get("budget_minutes")), []).append(r)
-    trained = lambda r: r.get("seed") is not None  # ShapeFlow's and the baseline's rows
+    trained = lambda r: r.get("seed") is not None  # TwoPartShapeFlow's and the baseline's rows
     order = lambda g: (g[1][0].get("source") != "issue 14", trained(g[1][0]), g[0][1],
                        not g[0][0].startswith("grassflow"), g[0][0], g[0][2] or 0)  # fmt: skip
     for (model, n_train, budget), rs in sorted(groups.items(), key=order):
@@ -537,5 +541,5 @@ RUN_KIND = RunKind(
     evaluate=lambda run_dir, n_samples, seed: eval_summary(evaluate(run_dir)),
     sample=lambda run_dir, n, seed, out: save_sampled_clouds(
         sample(run_dir, n, seed), out,
-        comment=f"grassflow ShapeFlow sample, seed {seed}, run {run_dir}"),
+        comment=f"grassflow TwoPartShapeFlow sample, seed {seed}, run {run_dir}"),
 )

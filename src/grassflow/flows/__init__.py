@@ -1,8 +1,6 @@
-"""Flows on Gr(k, D), and the shape flow on point clouds built from one."""
+"""Flows on Gr(k, D): `GrCNF`. (The library's shape model on point clouds is
+`grassflow.baselines.EquivariantCNF`, one flow on the cloud.)"""
 
 from .grcnf import GrCNF
-from .shape_flow import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow, build_field, build_gram
 
-__all__ = [
-    "DEFAULT_LAYERS", "GRAMS", "POTENTIALS", "GrCNF", "ShapeFlow", "build_field", "build_gram",
-]  # fmt: skip
+__all__ = ["GrCNF"]

@@ -10,7 +10,6 @@ Example:
     ...                "runs/my_flow", val_data=Y_val, resume=True)
     >>> result.stopped  # "done" or "budget" (run again to continue)
 
-`train_shape_flow` fits both parts of a `ShapeFlow` with it.
 The same call trains data-parallel under ``torchrun --nproc_per_node N``; see
 `grassflow.training.distributed`.
 """
@@ -30,13 +29,11 @@ from .parallel_eval import (
     save_samples,
 )
 from .result import TrainingDiverged, TrainingInterrupted, TrainResult
-from .shape_fit import GramTerm, load_shape_flow, train_shape_flow
 
 __all__ = [
     "OBJECTIVES",
     "TRAJECTORY_FIELDS",
     "CheckpointError",
-    "GramTerm",
     "COUPLINGS",
     "flow_matching_objective",
     "ot_pairing",
@@ -55,7 +52,6 @@ __all__ = [
     "distributed_sample",
     "distributed_transport",
     "load_checkpoint",
-    "load_shape_flow",
     "mean_nll",
     "nll_objective",
     "read_metrics",
@@ -63,5 +59,4 @@ __all__ = [
     "resolve_dtype",
     "save_samples",
     "train",
-    "train_shape_flow",
 ]
