@@ -49,7 +49,10 @@ def fixed_pace(monkeypatch):
     wall seconds, every validation ``validation`` wall seconds, and nothing else takes any
     time; CPU seconds pass ``threads`` times as fast as wall seconds. A budget of either clock
     then buys the same number of steps however busy the machine is, and a run that stopped for
-    its budget stops short of it (the case a rerun must not mistake for time left)."""
+    its budget stops short of it (the case a rerun must not mistake for time left). The
+    steps are those of the training objectives (`OBJECTIVES`) and of the shape model's flow
+    matching (`grassflow.baselines.fit`)."""
+    from grassflow.baselines import fit
     from grassflow.training import clock, loop, objectives
 
     def install(step: float, validation: float = 0.0, threads: float = 1.0) -> None:
@@ -63,6 +66,12 @@ def fixed_pace(monkeypatch):
                 return fn(model, batch)
 
             monkeypatch.setitem(objectives.OBJECTIVES, name, ticking)
+
+        def ticking_cfm(*args, fn=fit.cfm_objective, **kwargs):
+            t[0] += step
+            return fn(*args, **kwargs)
+
+        monkeypatch.setattr(fit, "cfm_objective", ticking_cfm)
         evaluate = loop.distributed_mean_nll
 
         def ticking_validation(*args, **kwargs):

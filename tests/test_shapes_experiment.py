@@ -12,11 +12,10 @@ from grassflow.cli import main
 from grassflow.data.point_clouds import load_point_clouds, write_xyz
 from grassflow.tasks import shape_runs as shapes
 from grassflow.tasks.run_dir import read_preset
-from grassflow.training import GramTerm
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.slow]
 
-FAST = ["--iterations", "30", "--gram-iterations", "30", "--budget-minutes", "10",
+FAST = ["--iterations", "30", "--budget-minutes", "10",
         "--atol", "1e-4", "--rtol", "1e-4", "--no-progress"]  # fmt: skip
 
 
@@ -30,22 +29,22 @@ def clouds(N, n, d, seed=0):
 
 
 def test_npy_train_eval_sample_plot(tmp_path, capsys):
-    # catches: a Cartesian NLL whose parts do not add up, eval reading the wrong checkpoint,
-    # samples off their shape or not centred, and a plot or sample command that writes nothing
+    # catches: eval reading the wrong checkpoint, samples off their shape or not centred, and
+    # a plot or sample command that writes nothing
     np.save(tmp_path / "shapes.npy", clouds(80, 5, 2))
     run = tmp_path / "run"
     assert main(["train", "--data", str(tmp_path / "shapes.npy"), "--run-dir", str(run),
                  *FAST]) == 0  # fmt: skip
     exp = json.loads((run / "experiment.json").read_text())
-    # the default model is the one of the README's DW4 / LJ13 rows (issue 22)
-    assert (exp["n_points"], exp["dim"], exp["potential"], exp["layers"]) == (5, 2, "egnn", 3)
-    assert (exp["gram_density"], exp["gram_components"]) == ("distance", 1)
-    assert exp["prior"] == "uniform"  # the permutation-invariant base, not DW4's default
+    # the one model since issue 34: one flow on the cloud, an EGNN of 3 layers
+    assert (exp["n_points"], exp["dim"], exp["model"]) == (5, 2, "equivariant-cnf")
+    assert exp["layers"] == 3
+    assert not {"potential", "gram", "gram_density", "prior"} & set(exp)
+    assert not (run / "gram").exists()
     assert main(["eval", str(run), "--n-samples", "50"]) == 0
     r = json.loads((run / "eval.json").read_text())
-    parts = r["test_nll_grassmann"] + r["test_nll_gram"] + r["test_nll_jacobian"]
-    assert r["test_nll"] == pytest.approx(parts, rel=1e-10) and math.isfinite(r["test_nll"])
-    assert r["n_test"] == 8 and r["flow_iterations"] == 30 and r["gram_iterations"] == 30
+    assert math.isfinite(r["test_nll"]) and "test_nll_gram" not in r
+    assert r["n_test"] == 8 and r["flow_iterations"] == 30 and "gram_iterations" not in r
     # catches: train / val / test overlapping or not covering the data (a row is a cloud)
     preset = read_preset(run, shapes.ShapeExperiment.from_dict, "shape")
     splits = shapes.load_clouds(preset)
@@ -72,14 +71,12 @@ def test_npy_train_eval_sample_plot(tmp_path, capsys):
     assert X.shape == (50, 5, 2)
     assert r["distance_jsd"] == pytest.approx(jensenshannon(p, q) ** 2, rel=1e-6)
     # catches: a checkpoint picked on other clouds than the validation split's: best.pt's
-    # val_nll is its weights' NLL on the val clouds (the flow: the first n_val_flow spans)
+    # val_nll is its weights' NLL on the first n_val_flow val clouds
     val, n_val = splits["val"], preset.n_val_flow
     with torch.no_grad():
-        flow_nll = -model.flow.log_prob(model.factor(val[:n_val])[0]).mean()
-        gram_nll = -GramTerm(model).log_prob(val).mean()
-    for part, nll in (("flow", flow_nll), ("gram", gram_nll)):
-        best = torch.load(run / part / "best.pt", weights_only=False)
-        assert best["val_nll"] == pytest.approx(nll.item(), rel=1e-6), part
+        nll = -model.log_prob(val[:n_val]).mean()
+    best = torch.load(run / "flow" / "best.pt", weights_only=False)
+    assert best["val_nll"] == pytest.approx(nll.item(), rel=1e-6)
     # the same numbers again: evaluation is deterministic; and it leaves the samples a user
     # drew alone (catches: eval overwriting samples.npy with its own 50)
     mine = np.full((3, 5, 2), 7.0)
@@ -99,7 +96,7 @@ def test_npy_train_eval_sample_plot(tmp_path, capsys):
                  *more, "--resume"]) == 0  # fmt: skip
     assert main(["eval", str(run), "--n-samples", "50"]) == 0
     r = json.loads((run / "eval.json").read_text())
-    assert r["flow_iterations"] == 45 and r["gram_iterations"] == 45
+    assert r["flow_iterations"] == 45
     # the model behind the numbers is the one the command-line evaluated
     _, model = shapes.load_run(run)
     test = shapes.load_clouds(read_preset(run, shapes.ShapeExperiment.from_dict, "shape"))["test"]
@@ -115,9 +112,9 @@ def test_xyz_folder_with_shared_labels(tmp_path):
     write_xyz(folder / "a.xyz", X[:25], np.broadcast_to(labels, (25, 6)))
     write_xyz(folder / "b.xyz", X[25:], np.broadcast_to(labels, (15, 6)))
     run = tmp_path / "run"
-    assert main(["train", "--data", str(folder), "--run-dir", str(run), "--potential", "graph",
-                 *FAST]) == 0  # fmt: skip
-    assert json.loads((run / "experiment.json").read_text())["labels"] == labels.tolist()
+    assert main(["train", "--data", str(folder), "--run-dir", str(run), *FAST]) == 0
+    exp = json.loads((run / "experiment.json").read_text())
+    assert exp["labels"] == labels.tolist() and exp["efm_labels"] is True
     assert main(["sample", str(run), "--n", "3", "--out", str(tmp_path / "gen.npy")]) == 0
     back = load_point_clouds(tmp_path / "gen.xyz")
     assert back.positions.shape == (3, 6, 3) and (back.labels == labels).all()

@@ -1,18 +1,20 @@
-"""Users' own clouds, quick checks: the split, what each training stage is fed, and the
-arithmetic of ``shapes.evaluate``. No real training: spies and a stub model stand in for it
-(the end-to-end run is in test_shapes_experiment.py, marked slow)."""
+"""Users' own clouds, quick checks: the split, what training is fed, the arithmetic of
+``shapes.evaluate``, and the refusal of the removed two-part model's runs. No real training:
+spies and a stub model stand in for it (the end-to-end run is in test_shapes_experiment.py,
+marked slow). The two-part model's own split check (`two_part.train_shape_flow`, the paper's)
+is here too."""
 
 import json
-import types
+import re
 
 import numpy as np
 import pytest
 import torch
 from scipy.spatial.distance import jensenshannon, pdist
 
-from grassflow.flows import ShapeFlow
 from grassflow.tasks import shape_runs as shapes
-from grassflow.training import TrainConfig, shape_fit
+from grassflow.training import TrainConfig
+from grassflow_paper import two_part
 
 
 def clouds(N=40, n=4, d=2, scale=1.0, seed=0):
@@ -56,16 +58,16 @@ def test_run_trains_on_train_and_validates_on_val(data_file, tmp_path, monkeypat
     path, X = data_file
     calls = []
 
-    def spy(model, train_clouds, val_clouds, run_dir, flow, gram, **kw):
-        calls.append((train_clouds.clone(), val_clouds.clone(), kw))
+    def spy(model, train_clouds, val_clouds, run_dir, config, **kw):
+        calls.append((train_clouds.clone(), val_clouds.clone(), run_dir))
 
-    monkeypatch.setattr(shapes, "train_shape_flow", spy)
+    monkeypatch.setattr(shapes, "fit_equivariant_cnf", spy)
     exp = shapes.ShapeExperiment(data=str(path), n_val_flow=3)
     shapes.run(exp, tmp_path / "run", progress=False)
-    (train, val, kw), = calls  # fmt: skip
+    (train, val, run_dir), = calls  # fmt: skip
     s = shapes.load_clouds(exp)
-    assert torch.equal(train, s["train"]) and torch.equal(val, s["val"])
-    assert kw["n_val_flow"] == 3
+    assert torch.equal(train, s["train"]) and torch.equal(val, s["val"][:3])
+    assert run_dir == tmp_path / "run" / "flow"
     test = set(rows(s["test"]))
     assert not set(rows(train)) & test and not set(rows(val)) & test
     assert not set(rows(train)) & set(rows(val))
@@ -79,13 +81,13 @@ def test_train_shape_flow_feeds_each_part_its_split(monkeypatch, tmp_path):
         calls.append({"module": module, "data": data.clone(), "val": val_data.clone(),
                       "dir": run_dir.name})  # fmt: skip
 
-    monkeypatch.setattr(shape_fit, "train", spy)
+    monkeypatch.setattr(two_part, "train", spy)
     X = torch.as_tensor(clouds(N=30, scale=100.0))
     train_clouds, val_clouds = X[:20], X[20:]
-    model = ShapeFlow(4, 2).double()
+    model = two_part.TwoPartShapeFlow(4, 2).double()
     cfg = TrainConfig(iterations=1, batch_size=8, dtype="float64")
-    shape_fit.train_shape_flow(model, train_clouds, val_clouds, tmp_path, cfg, cfg, n_val_flow=6,
-                            progress=False)  # fmt: skip
+    two_part.train_shape_flow(model, train_clouds, val_clouds, tmp_path, cfg, cfg, n_val_flow=6,
+                              progress=False)  # fmt: skip
     flow, gram = calls
     assert (flow["dir"], gram["dir"]) == ("flow", "gram")
     assert flow["module"] is model.flow
@@ -103,21 +105,18 @@ def test_train_shape_flow_feeds_each_part_its_split(monkeypatch, tmp_path):
 
 
 class StubModel:
-    """Stands in for a trained ShapeFlow in ``evaluate``: known per-cloud log-probs and known
+    """Stands in for a trained model in ``evaluate``: known per-cloud log-probs and known
     samples, so its numbers can be recomputed independently."""
 
     def __init__(self, n, d):
         self.n, self.d, self.seen, self.samples = n, d, [], []
-        self.manifold = types.SimpleNamespace(log_volume=lambda: 1.25)
 
     def parameters(self):
         return iter([torch.zeros(2)])
 
-    def log_prob_terms(self, P):
+    def log_prob(self, P):
         self.seen.append(P.clone())
-        g = -P.pow(2).sum((1, 2))
-        gram, jac = 0.5 * P[:, 0, 0], torch.full((len(P),), -2.0, dtype=P.dtype)
-        return {"grassmann": g, "gram": gram, "jacobian": jac, "log_prob": g + gram + jac}
+        return -P.pow(2).sum((1, 2)) + 0.5 * P[:, 0, 0] - 2.0
 
     def sample(self, m, generator=None):
         X = 2.0 * torch.randn(m, self.n, self.d, generator=generator, dtype=torch.float64)
@@ -140,7 +139,7 @@ def test_evaluate_numbers_recomputed_independently(data_file, tmp_path, monkeypa
     lp = -(test.numpy() ** 2).sum((1, 2)) + 0.5 * test.numpy()[:, 0, 0] - 2.0
     assert r["test_nll"] == pytest.approx(-lp.mean(), rel=1e-12)
     assert r["test_nll_sem"] == pytest.approx(lp.std(ddof=1) / np.sqrt(4), rel=1e-10)
-    assert r["test_nll_jacobian"] == pytest.approx(2.0)
+    assert "test_nll_gram" not in r and r["model"] == "equivariant-cnf"
     # the project's JSD is in nats: the square of scipy's Jensen-Shannon distance (base e)
     (X,) = stub.samples
     a = np.concatenate([pdist(x) for x in X.numpy()])
@@ -153,27 +152,57 @@ def test_evaluate_numbers_recomputed_independently(data_file, tmp_path, monkeypa
     assert 0 < r["distance_jsd"] < np.log(2)
 
 
-def test_presets_saved_before_the_gram_option_mean_wisharts(tmp_path):
-    # catches: a run trained before `gram_density` existed (with a Wishart Gram density)
-    # rebuilt with today's default, the pair-distance one, whose checkpoint would then be
-    # another model's; and a resume with today's defaults that silently adopts the old run
-    from grassflow.tasks.run_dir import RunMismatch, claim_run_dir
+@pytest.mark.parametrize("model", ["shapeflow", None])
+def test_a_shapeflow_run_is_refused_with_its_last_commit(data_file, tmp_path, model, capsys):
+    # catches: a run of the two-part ShapeFlow (removed in issue 34; a preset without `model`
+    # is one) read as the baseline's, whose checkpoint it is not, or refused without saying
+    # why and where the model still is (3531f93), by `eval`, `sample`, `train` or Python
+    from grassflow.cli import main
+    from grassflow.tasks.run_dir import read_preset
 
-    old = shapes.ShapeExperiment(data="c.npy", potential="graph", n_points=4, dim=2).to_dict()
-    del old["gram_density"], old["gram_components"]
-    assert shapes.ShapeExperiment.from_dict(old).gram_density == "wishart"
-    assert isinstance(shapes.build_model(shapes.ShapeExperiment.from_dict(old)).gram,
-                      type(ShapeFlow(4, 2, gram="wishart").gram))  # fmt: skip
+    path, _ = data_file
+    old = {"kind": "shapes", "data": str(path), "model": model, "potential": "egnn",
+           "prior": "uniform", "objective": "fm", "gram_density": "distance",
+           "gram_components": 1, "gram": {"iterations": 2000}, "n_points": 4, "dim": 2}  # fmt: skip
+    if model is None:  # saved before the option existed: a ShapeFlow
+        del old["model"], old["kind"]
     run = tmp_path / "run"
     run.mkdir()
-    (run / "experiment.json").write_text(json.dumps(old))  # as such a run saved it: no kind
-    kw = {"kind": "shapes", "added": shapes.ADDED_FIELDS}
-    same = shapes.ShapeExperiment(data="c.npy", potential="graph", gram_density="wishart",
-                                  n_points=4, dim=2)  # fmt: skip
-    claim_run_dir(run, same.to_dict(), {}, **kw)  # the old run, continued
-    new = shapes.ShapeExperiment(data="c.npy", potential="graph", n_points=4, dim=2)
-    with pytest.raises(RunMismatch, match="gram_density"):
-        claim_run_dir(run, new.to_dict(), {}, **kw)
+    (run / "experiment.json").write_text(json.dumps(old))
+    why = "removed from grassflow in issue 34; the last commit that has it is 3531f93"
+    with pytest.raises(ValueError, match=why):
+        read_preset(run, shapes.ShapeExperiment.from_dict, "shape")
+    with pytest.raises(ValueError, match=re.escape(f"{run} is a run of the two-part ShapeFlow")):
+        shapes.load_run(run)
+    with pytest.raises(ValueError, match=why):
+        shapes.ShapeExperiment(data=str(path), model="shapeflow")
+    for argv in (["eval", str(run)], ["sample", str(run), "--out", str(tmp_path / "s")],
+                 ["train", "--data", str(path), "--run-dir", str(run), "--resume"]):  # fmt: skip
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert why in err and "'shapeflow'" in err and "equivariant-cnf" in err, (argv, err)
+    assert not (run / "flow").exists()  # nothing trained over it
+
+
+def test_a_baseline_run_saved_with_the_shapeflow_options_still_loads(tmp_path):
+    # catches: a baseline run made before issue 34 (its preset holds the removed ShapeFlow's
+    # options, ignored by the baseline) no longer readable, or refused on resume as another run
+    from grassflow.tasks.run_dir import RunMismatch, claim_run_dir
+
+    new = shapes.ShapeExperiment(data="c.npy", n_points=4, dim=2)
+    old = {**new.to_dict(), "potential": "egnn", "prior": "uniform", "objective": "fm",
+           "gram_density": "distance", "gram_components": 1,
+           "gram": {"iterations": 2000, "lr": 1e-3}}  # fmt: skip
+    assert shapes.ShapeExperiment.from_dict(old) == new
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "experiment.json").write_text(json.dumps({"kind": "shapes", **old}))
+    kw = {"kind": "shapes", "added": shapes.ADDED_FIELDS, "removed": shapes.REMOVED_FIELDS}
+    claim_run_dir(run, new.to_dict(), {}, **kw)  # the old run, continued
+    assert "gram" not in json.loads((run / "experiment.json").read_text())
+    other = shapes.ShapeExperiment(data="c.npy", n_points=4, dim=2, hidden=8)
+    with pytest.raises(RunMismatch, match="hidden"):
+        claim_run_dir(run, other.to_dict(), {}, **kw)
 
 
 def test_split_option_parses_and_reaches_the_split(data_file, capsys):
@@ -204,7 +233,7 @@ def test_run_prints_the_split_and_the_labels(data_file, tmp_path, monkeypatch, c
     # catches: a silent split (issue 33): counts, fractions and seed not printed when training
     # starts, or printed for other fractions than those used; labels of shapes_Z.npy unnamed
     path, _ = data_file
-    monkeypatch.setattr(shapes, "train_shape_flow", lambda *a, **k: None)
+    monkeypatch.setattr(shapes, "fit_equivariant_cnf", lambda *a, **k: None)
     exp = shapes.ShapeExperiment(data=str(path), val_fraction=0.25, test_fraction=0.125,
                                  split_seed=3)  # fmt: skip
     shapes.run(exp, tmp_path / "run", progress=False)

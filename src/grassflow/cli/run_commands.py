@@ -56,35 +56,25 @@ def _particle_experiment(args):
 def _shape_experiment(args):
     from ..tasks import shape_runs as shapes
 
-    def split(minutes):  # the budget covers both parts (the baseline: one model)
-        if minutes is None or args.model == "equivariant-cnf":
-            return minutes, None
-        return shapes.split_budget(minutes)
-
-    (flow_total, gram_total) = split(args.minutes)
-    (flow_minutes, gram_minutes) = split(args.session_minutes)
-    flow = {"total_budget_minutes": flow_total, "budget_minutes": flow_minutes,
+    ignored = [f"--{k}" for k in ("objective", "prior") if getattr(args, k) is not None]
+    if ignored:  # options of the GrCNF runs (and of the removed two-part ShapeFlow)
+        raise ValueError(f"{' and '.join(ignored)} do not apply to --data: its model, "
+                         f"{args.model!r}, is one flow on the cloud trained by flow matching "
+                         "(the two-part ShapeFlow that took them was removed in issue 34; "
+                         "the last commit that has it is 3531f93)")  # fmt: skip
+    flow = {"total_budget_minutes": args.minutes, "budget_minutes": args.session_minutes,
             "iterations": args.iterations, "clock": args.clock, "batch_size": args.batch_size,
             "lr": args.lr, "grad_clip": args.grad_clip, "seed": args.seed,
             "device": args.device}  # fmt: skip
-    exp = shapes.ShapeExperiment(data=args.data, key=args.key, model=args.model,
-                                 potential=args.potential, gram_density=args.gram,
-                                 gram_components=args.gram_components,
-                                 prior=args.prior or "uniform",
-                                 objective=args.objective or "fm")  # fmt: skip
+    exp = shapes.ShapeExperiment(data=args.data, key=args.key, model=args.model)
     if args.split is not None:  # (val, test) fractions; the default stays the preset's
         exp = dataclasses.replace(exp, val_fraction=args.split[0], test_fraction=args.split[1])
     changes = {k: getattr(args, k) for k in ("atol", "rtol") if getattr(args, k) is not None}
     exp = dataclasses.replace(exp, **changes)
     exp.flow = exp.flow.replace(**{k: v for k, v in flow.items() if v is not None})
-    gram = {"iterations": args.gram_iterations, "total_budget_minutes": gram_total,
-            "budget_minutes": gram_minutes, "clock": args.clock, "seed": args.seed,
-            "device": args.device}  # fmt: skip
-    exp.gram = exp.gram.replace(**{k: v for k, v in gram.items() if v is not None})
     if args.n_val is not None:
         exp = dataclasses.replace(exp, n_val_flow=args.n_val)
     exp.flow = exp.flow.replace(**_validation_fields(args))
-    exp.gram = exp.gram.replace(charge_validation=True)  # (validated on every val cloud)
     return exp
 
 
@@ -120,8 +110,8 @@ def cmd_train(args) -> None:
     if args.data is not None:
         exp = shapes.run(_shape_experiment(args), args.run_dir, resume=args.resume,
                          progress=not args.no_progress, final_eval=not args.no_eval)
-        name = " ShapeFlow" if exp.model == "shapeflow" else "n equivariant CNF (EFM baseline)"
-        print(f"trained a{name} of {exp.n_points} points in {exp.dim}-D in {args.run_dir}")
+        print(f"trained an equivariant CNF ({exp.model}) of {exp.n_points} points in "
+              f"{exp.dim}-D in {args.run_dir}")
         if args.no_eval:
             print(f"`grassflow eval {args.run_dir}` for the test NLL")
         return
@@ -208,7 +198,6 @@ def cmd_plot(args) -> None:
 def add_commands(sub) -> None:
     """Add demo, train, eval, sample and plot to ``sub`` (an `options.Subcommands`)."""
     from ..data.textures import TEXTURES
-    from ..flows import GRAMS, POTENTIALS
 
     p = sub.add_parser("demo", help="train on a texture (25,000 iterations, ~3 CPU minutes), "
                                     "plot, print NLLs")
@@ -231,7 +220,8 @@ def add_commands(sub) -> None:
                         "only at the end (default: the preset's schedule). Validation counts "
                         "against --minutes, and one that would leave less training time than "
                         "it takes is skipped")  # fmt: skip
-    g = p.add_argument_group("your own point clouds (a ShapeFlow; --dataset is then ignored)")
+    g = p.add_argument_group("your own point clouds (one E(n)-equivariant flow on the whole "
+                             "cloud; --dataset is then ignored)")
     g.add_argument("--data", help="an (N, n, d) .npy (labels, e.g. atomic numbers, from "
                                   "NAME_Z.npy beside it: (n,) shared or (N, n)), an .npz "
                                   "('positions', optional 'labels'), or a folder of .xyz files "
@@ -241,33 +231,24 @@ def add_commands(sub) -> None:
                         "`eval` scores), at random (seed 0); default 0.1,0.1")  # fmt: skip
     g.add_argument("--key", help="the array's name in an .npz")
     g.add_argument("--n-val", type=int,
-                   help="validation clouds scored exactly at each validation (default 50; the "
-                        "Gram density uses all); fewer make validations cheaper")  # fmt: skip
+                   help="validation clouds scored exactly at each validation (default 50); "
+                        "fewer make validations cheaper")  # fmt: skip
     g.add_argument("--no-eval", action="store_true",
                    help="skip the final test evaluation (by default it runs within --minutes, "
                         "announced with its estimated cost)")  # fmt: skip
-    g.add_argument("--model", default="shapeflow", choices=("shapeflow", "equivariant-cnf"),
-                   help="ours (default), or the equivariant flow-matching CNF baseline (EFM: "
-                        "an EGNN, one flow on the whole budget)")  # fmt: skip
-    g.add_argument("--potential", default="egnn", choices=POTENTIALS,
-                   help="the Grassmann field: an EGNN's velocity on the span's whitened points "
-                        "(default), or the gradient of a permutation-invariant graph potential "
-                        "or of the paper's MLP")  # fmt: skip
-    g.add_argument("--gram", default="distance", choices=tuple(GRAMS),
-                   help="the density of the cloud's scale and shape given its span: log-normal "
-                        "pair distances (default) or a Wishart mixture")  # fmt: skip
-    g.add_argument("--gram-components", type=int, default=1, help="mixture components of it")
-    g.add_argument("--gram-iterations", type=int, help="Gram density steps (after the flow)")
+    g.add_argument("--model", default="equivariant-cnf", choices=("equivariant-cnf",),
+                   help="the shape model: equivariant-cnf (the only one), an EGNN velocity "
+                        "field on the CoM-free cloud trained by flow matching; the two-part "
+                        "'shapeflow' was removed in issue 34 (last in commit 3531f93)")  # fmt: skip
     g = p.add_argument_group("DW4 / LJ13 data")
     add_particle_data_options(g)
     g.add_argument("--protocol", default="com-free", choices=("com-free", "paper"))
     g.add_argument("--n-train", type=int, default=1000, help="training configurations")
     g.add_argument("--prior", choices=("gaussian", "uniform"),
-                   help="base distribution: default gaussian (the paper's, sigma 0.3) for "
-                        "DW4/LJ13, uniform (permutation invariant) for --data")
+                   help="base distribution: default gaussian (the paper's, sigma 0.3) or "
+                        "uniform (permutation invariant)")
     add_train_options(p, minutes_what="CPU minutes of the whole command: training, validation "
-                      "and, with --data, the final test evaluation (a ShapeFlow's Gram "
-                      "density gets 30%% of it, at most 3 min)")
+                      "and, with --data, the final test evaluation")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="test NLL and MMD of a trained run")

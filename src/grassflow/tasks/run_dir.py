@@ -83,6 +83,7 @@ def claim_run_dir(
     *,
     kind: str,
     added: dict[str, Any] | None = None,
+    removed: tuple[str, ...] = (),
     budget_keys: tuple[str, ...] = ("train.total_budget_minutes", "train.iterations"),
     force: bool = False,
     resume: bool = True,
@@ -107,6 +108,8 @@ def claim_run_dir(
         kind: the run's kind (`registry`); a directory from before kinds takes it.
         added: preset fields added after runs were made, with the value those runs had
             without saying so (a saved preset that lacks them matches that value).
+        removed: preset fields removed since runs were made (of a model that is gone): a saved
+            preset's values of them, and of their sub-fields, are ignored.
         budget_keys: fields that may only grow (None, unlimited, is the largest).
         force: start the run afresh (deleting ``run_dir``) instead of raising on a mismatch.
         resume: False refuses a directory that already holds ``last.pt`` (``FileExistsError``)
@@ -123,7 +126,8 @@ def claim_run_dir(
     dd.init()
     preset = {KIND_KEY: kind, **preset}
     added = {KIND_KEY: kind, **(added or {})}
-    problem = _mismatch(run_dir, preset, data, added, budget_keys) if dd.is_main() else None
+    problem = _mismatch(run_dir, preset, data, added, removed, budget_keys) \
+        if dd.is_main() else None  # fmt: skip
     problem = dd.all_gather_objects(problem)[0]  # rank 0's verdict, for every rank
     if problem is not None:
         if not force:
@@ -143,8 +147,9 @@ def claim_run_dir(
 
 
 def _mismatch(
-    run_dir: Path, preset: dict, data: dict, added: dict, budget_keys: tuple[str, ...]
-) -> str | None:
+    run_dir: Path, preset: dict, data: dict, added: dict, removed: tuple[str, ...],
+    budget_keys: tuple[str, ...],
+) -> str | None:  # fmt: skip
     """Why ``run_dir`` is not this run, or None if it is (or is new)."""
     exp_path, data_path = run_dir / "experiment.json", run_dir / "data.json"
     if not exp_path.exists():
@@ -163,6 +168,8 @@ def _mismatch(
         a, b = old.get(key, "<missing>"), new.get(key, "<missing>")
         if a == "<missing>" and key in added:
             a = added[key]
+        if b == "<missing>" and key.split(".")[0] in removed:
+            continue
         if a == b or key in _FREE or key.endswith("path") or (a == "<missing>" and b is None):
             continue
         if key in budget_keys and _number(a) and (b is None or _number(b) and b >= a):

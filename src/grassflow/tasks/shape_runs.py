@@ -1,17 +1,18 @@
-"""Users' own point clouds: train, evaluate, sample and plot a `ShapeFlow` (or the
-equivariant flow-matching baseline, `EquivariantCNF`).
+"""Users' own point clouds: train, evaluate, sample and plot the library's shape model, one
+E(n)-equivariant flow on the whole cloud (`EquivariantCNF`, ``model="equivariant-cnf"``).
 
 ``grassflow train --data shapes.npy`` (or ``.npz``, or a folder of ``.xyz`` files) lands here.
 The clouds are split at random (seeded) into train / val / test, 10 % each for val and test
-by default (``--split VAL,TEST``); `run` prints the split. For a ShapeFlow two models are
-trained, in ``run_dir/flow`` and ``run_dir/gram``: the GrCNF on Gr(d, n - 1) for the clouds'
-spans (flow matching by default, or maximum likelihood), then the Gram density by maximum
-likelihood. The Cartesian NLL is their sum plus a term of the data alone, so each part's
-validation NLL picks its checkpoint as the whole one would. The two-stage training is
-`grassflow.training.train_shape_flow`. The baseline (``model="equivariant-cnf"``) is
-one flow, trained by flow matching in ``run_dir/flow`` on the whole budget.
+by default (``--split VAL,TEST``); `run` prints the split. The flow is trained by flow
+matching in ``run_dir/flow`` on the whole budget; its exact validation NLL picks the
+checkpoint.
 
-A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``gram/``, ``eval.json``
+The two-part ShapeFlow (a GrCNF on the spans and a Gram density, ``model="shapeflow"``) was
+removed from the library in issue 34: its runs are refused (`REMOVED_MODELS`); the last
+commit that trains and reads them is 3531f93. The paper's reproduction keeps that model
+(``grassflow_paper.two_part``) for its own tables.
+
+A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``eval.json``
 (the test split's scores; ``eval_<stem>.json`` for a user's held-out file, ``evaluate(...,
 data=...)``), ``samples.npy`` / ``samples.xyz`` and the pictures."""
 
@@ -28,57 +29,55 @@ import torch
 
 from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
 from ..data.point_clouds import element_symbol, labels_path, load_point_clouds, save_clouds
-from ..flows import DEFAULT_LAYERS, GRAMS, POTENTIALS, ShapeFlow
-from ..flows.shape_flow import preset_field_options
 from ..metrics import histogram, jsd
-from ..training import (
-    OBJECTIVES,
-    TrainConfig,
-    checkpoint_path,
-    load_shape_flow,
-    train_shape_flow,
-)
+from ..training import TrainConfig, checkpoint_path
 from ..training.checkpoint import write_json
 from ..training.progress import Progress, minutes, progress_line
 from ..training.rng import seeded_init
-from .registry import RunKind
-from .run_dir import claim_run_dir, data_identity, read_preset, training_status
+from .registry import RunKind, legacy_kind
+from .run_dir import KIND_KEY, claim_run_dir, data_identity, read_preset, training_status
 
 __all__ = [
     "RUN_KIND",
-    "MODELS", "ShapeExperiment", "build_model", "eval_path", "evaluate", "load_clouds",
-    "load_heldout", "load_run", "model_name", "plot", "nll_summary", "run", "sample",
-    "save_sampled_clouds",
-    "split_budget", "split_summary",
+    "MODELS", "REMOVED_MODELS", "ShapeExperiment", "build_model", "eval_path", "evaluate",
+    "load_clouds", "load_heldout", "load_run", "model_name", "plot", "nll_summary", "run",
+    "sample", "save_sampled_clouds", "split_summary",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
-MODELS = ("shapeflow", "equivariant-cnf")
+MODELS = ("equivariant-cnf",)
+REMOVED_MODELS = {"shapeflow": "3531f93"}
+"""Models that ``train --data`` no longer has, with the last commit that has them: the
+two-part ShapeFlow (GrCNF on the spans + Gram density), removed in issue 34."""
 # preset fields added after runs were made: the value those runs had without saying so
-ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot", "gram_components": 1,
-                "gram_density": "wishart"}  # fmt: skip
+# (a preset without ``model`` is a ShapeFlow run's)
+ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot"}
+# preset fields of the removed ShapeFlow: a baseline run's saved values of them are ignored
+REMOVED_FIELDS = ("potential", "prior", "objective", "gram", "gram_density", "gram_components")
 
 
-SAMPLE_COST = {"shapeflow": 0.5, "equivariant-cnf": 0.1}
+SAMPLE_COST = {"equivariant-cnf": 0.1}
 """Bounds of the CPU cost of drawing a cloud relative to scoring one exactly, by model; the
 final evaluation's share of a budget rests on them. Measured on 12-point clouds, one
-thread: 1/3 for ShapeFlow (its sampler solves the span's ODE without the divergence) and
-1/85 for the baseline."""
+thread: 1/85."""
 
 
-def split_budget(
-    minutes: float, gram_fraction: float = 0.3, gram_max_minutes: float = 3.0
-) -> tuple[float, float]:
-    """``(flow, gram)`` minutes of a budget of ``minutes`` for both parts of a ShapeFlow: the
-    Gram density gets ``min(gram_max_minutes, gram_fraction * minutes)``, the flow the rest.
-    The Gram density has few parameters and converges in far fewer steps than the flow; the
-    defaults are those of the DW4 and LJ13 rows of the EGNN field (README, issue 22)."""
-    if not (minutes > 0 and 0 < gram_fraction < 1 and gram_max_minutes > 0):
-        raise ValueError(f"need minutes > 0, 0 < gram_fraction < 1 and gram_max_minutes > 0, "
-                         f"got {minutes!r}, {gram_fraction!r}, {gram_max_minutes!r}")
-    gram = min(gram_max_minutes, gram_fraction * minutes)
-    return minutes - gram, gram
+def refuse_removed_model(model: str, run_dir: str | Path | None = None) -> None:
+    """Raise a ``ValueError`` if ``model`` is one of `REMOVED_MODELS`, naming the removal and
+    the last commit that has it (``run_dir``: the run that holds it, if any)."""
+    if model not in REMOVED_MODELS:
+        return
+    what = "the two-part ShapeFlow (a GrCNF on the spans and a Gram density)"
+    what = (f"model {model!r}, {what}," if run_dir is None
+            else f"{run_dir} is a run of {what}, model {model!r}, which")  # fmt: skip
+    commit = REMOVED_MODELS[model]
+    raise ValueError(
+        f"{what} was removed from grassflow in issue 34; the last commit that has it is "
+        f"{commit} (`git checkout {commit}` to evaluate, sample or continue such runs). "
+        f"`grassflow train --data` now trains {MODELS[0]!r}, one flow on the whole cloud: "
+        "train a new run with it"
+    )
 
 
 def _flow_config() -> TrainConfig:
@@ -89,11 +88,6 @@ def _flow_config() -> TrainConfig:
     )  # fmt: skip
 
 
-def _gram_config() -> TrainConfig:
-    return TrainConfig(lr=1e-3, batch_size=128, iterations=2000, val_every=200, log_every=50,
-                       checkpoint_every=500, dtype="float64")  # fmt: skip
-
-
 @dataclass
 class ShapeExperiment:
     """A shape model of the clouds in ``data``.
@@ -102,42 +96,31 @@ class ShapeExperiment:
         data: a ``.npy`` array (N, n, d), an ``.npz`` (array ``key``), or a folder or file of
             ``.xyz`` frames (see `grassflow.data.point_clouds.load_point_clouds`).
         key: the ``.npz`` array's name.
-        model: ``"shapeflow"`` (ours) or ``"equivariant-cnf"`` (the EFM baseline, trained by
-            flow matching with ``coupling``; ``hidden`` and ``layers`` are its EGNN's,
-            default 32 and 3, and ``flow`` its training).
-        potential: ShapeFlow's Grassmann field: ``"egnn"`` (default; an EGNN's velocity on
-            the span's whitened points), ``"graph"`` (the gradient of a permutation-invariant
-            potential) or ``"mlp"`` (the paper's) (see `ShapeFlow`).
-        hidden, layers: the field's widths (see `ShapeFlow`; layers default 3 for an
-            EGNN, 2 otherwise).
-        gram_density, gram_components: ShapeFlow's density of S given the span (its
-            ``gram``): ``"distance"`` (default; log-normal pair distances) or ``"wishart"``.
-            Presets saved before this option mean ``"wishart"``, as those runs were trained.
-        prior: the GrCNF base, ``"uniform"`` or ``"gaussian"``.
-        objective: the GrCNF's, ``"fm"``, ``"fm-ot"`` or ``"mle"``.
-        atol, rtol: ODE tolerances (of training with MLE and of every evaluation).
+        model: ``"equivariant-cnf"``, the only one: one flow on the CoM-free cloud (the
+            EFM model), trained by flow matching with ``coupling``. ``"shapeflow"`` (and a
+            saved preset without ``model``, which meant it) is refused: see
+            `REMOVED_MODELS`.
+        hidden, layers: its EGNN's width and message-passing layers (default 32 and 3).
+        atol, rtol: ODE tolerances of every evaluation (validation, test NLL, sampling).
         chunk_size: clouds per exact-divergence solve (bounds the memory of evaluation).
         val_fraction, test_fraction, split_seed: the random split of the usable clouds: the
             fractions held out for validation (which picks the checkpoints) and for test
             (what ``grassflow eval`` scores), at least one cloud each, rounded; default 10 %
             each, seed 0 (``grassflow train --split VAL,TEST``). `run` prints the counts.
-        n_val_flow: validation clouds for the GrCNF's exact NLL (the Gram density uses all).
-        flow, gram: the two training configurations.
+        n_val_flow: validation clouds scored by the exact NLL at each validation.
+        flow: the training configuration.
         n_points, dim, labels: read from the data (labels when every cloud has the same).
-        efm_labels: the baseline only: embed ``labels`` (atom types) in its EGNN's node
-            features. None, the default, is resolved by `run`: True for a new run, the
-            saved value when continuing one; None in a saved preset (runs made before this
+        efm_labels: embed ``labels`` (atom types) in the EGNN's node features. None, the
+            default, is resolved by `run`: True for a new run, the saved value when
+            continuing one; None in a saved preset (runs made before this
             option) means no labels, as those runs were trained.
     """
 
     data: str
     key: str | None = None
-    model: str = "shapeflow"
-    potential: str = "egnn"
-    hidden: int | tuple[int, ...] | None = None
+    model: str = "equivariant-cnf"
+    hidden: int | None = None
     layers: int | None = None
-    prior: str = "uniform"
-    objective: str = "fm"
     atol: float = 1e-5
     rtol: float = 1e-5
     chunk_size: int = 16
@@ -146,51 +129,43 @@ class ShapeExperiment:
     split_seed: int = 0
     n_val_flow: int = 50
     flow: TrainConfig = field(default_factory=_flow_config)
-    gram: TrainConfig = field(default_factory=_gram_config)
     n_points: int | None = None
     dim: int | None = None
     labels: tuple[int, ...] | None = None
     coupling: str = "equivariant-ot"
     efm_labels: bool | None = None
-    gram_density: str = "distance"
-    gram_components: int = 1
 
     def __post_init__(self):
+        refuse_removed_model(self.model)
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.coupling not in CFM_COUPLINGS:
             raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {self.coupling!r}")
-        if self.potential not in POTENTIALS:
-            raise ValueError(f"potential must be one of {POTENTIALS}, got {self.potential!r}")
-        if self.gram_density not in GRAMS:
-            raise ValueError(f"gram_density must be one of {tuple(GRAMS)}, got "
-                             f"{self.gram_density!r}")  # fmt: skip
         if self.layers is None:  # resolved, so that the saved preset says what was trained
-            self.layers = 3 if self.model == "equivariant-cnf" else DEFAULT_LAYERS[self.potential]
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {tuple(OBJECTIVES)}, got "
-                             f"{self.objective!r}")  # fmt: skip
+            self.layers = 3
         if not (0 < self.val_fraction < 1 and 0 < self.test_fraction < 1
                 and self.val_fraction + self.test_fraction < 1):  # fmt: skip
             raise ValueError(f"the split's val and test fractions must each be in (0, 1) with "
                              f"a sum < 1, got {self.val_fraction!r} and "
                              f"{self.test_fraction!r}")  # fmt: skip
-        for name in ("flow", "gram"):
-            if isinstance(getattr(self, name), dict):
-                setattr(self, name, TrainConfig.from_dict(getattr(self, name)))
-        if isinstance(self.hidden, list):
-            self.hidden = tuple(self.hidden)
+        if isinstance(self.flow, dict):
+            self.flow = TrainConfig.from_dict(self.flow)
         if self.labels is not None:
             self.labels = tuple(self.labels)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d["flow"], d["gram"] = self.flow.to_dict(), self.gram.to_dict()
+        d["flow"] = self.flow.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> ShapeExperiment:
-        return cls(**{"gram_density": "wishart", **d})  # older presets: trained with Wisharts
+        """The preset of a saved ``experiment.json`` (without its kind). A ShapeFlow run's
+        (``model`` ``"shapeflow"`` or absent) raises a ``ValueError`` that names its removal
+        (`REMOVED_MODELS`); a baseline run's values of the ShapeFlow's options
+        (`REMOVED_FIELDS`) are dropped."""
+        refuse_removed_model(d.get("model", ADDED_FIELDS["model"]))
+        return cls(**{k: v for k, v in d.items() if k not in REMOVED_FIELDS})
 
 
 def load_clouds(exp: ShapeExperiment) -> dict:
@@ -252,21 +227,13 @@ def _formula(labels) -> str:
                    for s in order)  # fmt: skip
 
 
-def build_model(exp: ShapeExperiment) -> ShapeFlow | EquivariantCNF:
+def build_model(exp: ShapeExperiment) -> EquivariantCNF:
     """The model of ``exp`` (``n_points`` and ``dim`` resolved), float64."""
-    labels = None if exp.labels is None else torch.tensor(exp.labels)
+    labels = None if exp.labels is None or not exp.efm_labels else torch.tensor(exp.labels)
     with seeded_init(exp.flow.seed):
-        if exp.model == "equivariant-cnf":
-            return EquivariantCNF(exp.n_points, exp.dim, hidden=exp.hidden or 32,
-                                  layers=exp.layers, atol=exp.atol, rtol=exp.rtol,
-                                  chunk_size=exp.chunk_size,
-                                  labels=labels if exp.efm_labels else None).double()  # fmt: skip
-        return ShapeFlow(
-            exp.n_points, exp.dim, exp.potential, exp.gram_density, labels=labels,
-            field_options=preset_field_options(exp.potential, exp.hidden, exp.layers),
-            gram_options={"components": exp.gram_components}, chunk_size=exp.chunk_size,
-            prior=exp.prior, atol=exp.atol, rtol=exp.rtol,
-        ).double()  # fmt: skip
+        return EquivariantCNF(exp.n_points, exp.dim, hidden=exp.hidden or 32, layers=exp.layers,
+                              atol=exp.atol, rtol=exp.rtol, chunk_size=exp.chunk_size,
+                              labels=labels).double()  # fmt: skip
 
 
 def run(
@@ -279,7 +246,9 @@ def run(
     final_eval: bool = False,
     n_samples: int | None = None,
 ) -> ShapeExperiment:
-    """Train (or continue) both parts of ``exp`` in ``run_dir``; returns the resolved preset.
+    """Train (or continue) ``exp`` in ``run_dir``; returns the resolved preset. A
+    ``run_dir`` that holds a run of a removed model (`REMOVED_MODELS`) is refused, unless
+    ``force`` (which deletes it).
 
     With ``final_eval``, `evaluate` the test split afterwards (``n_samples`` samples for the
     JSD; None: as many as test clouds), announced with its estimated cost: that of
@@ -298,17 +267,18 @@ def run(
     print(split_summary(exp, splits))
     n, d = splits["train"].shape[1:]
     exp = dataclasses.replace(exp, n_points=n, dim=d, labels=splits["labels"])
-    if exp.model == "equivariant-cnf" and exp.efm_labels is None:
+    saved = run_dir / "experiment.json"
+    old = json.loads(saved.read_text()) if saved.exists() and not force else {}
+    if old and (old.get(KIND_KEY) or legacy_kind(old)) == "shapes":
+        refuse_removed_model(old.get("model", ADDED_FIELDS["model"]), run_dir)
+    if exp.efm_labels is None:
         # a new run embeds the labels; a continued one stays as trained (None: before labels)
-        saved = run_dir / "experiment.json"
-        old = json.loads(saved.read_text()) if saved.exists() and not force else {}
         exp = dataclasses.replace(exp, efm_labels=old.get("efm_labels") if old else True)
     identity = {"path": str(Path(exp.data).resolve()),
                 **data_identity(**{s: splits[s] for s in ("train", "val", "test")})}  # fmt: skip
     claim_run_dir(run_dir, exp.to_dict(), identity, kind="shapes", added=ADDED_FIELDS,
-                  force=force, resume=resume,
-                  budget_keys=("flow.iterations", "gram.iterations", "flow.total_budget_minutes",
-                               "gram.total_budget_minutes"))  # fmt: skip
+                  removed=REMOVED_FIELDS, force=force, resume=resume,
+                  budget_keys=("flow.iterations", "flow.total_budget_minutes"))  # fmt: skip
     n_test = len(splits["test"])
     n_samples = n_test if n_samples is None else n_samples
     eval_points = n_test + SAMPLE_COST[exp.model] * n_samples  # in flow validation points
@@ -316,22 +286,16 @@ def run(
         exp.flow = exp.flow.replace(reserve_points=eval_points)
     model = build_model(exp)
     with progress_line(progress, run_dir.name) as display:
-        if exp.model == "equivariant-cnf":
-            results = [fit_equivariant_cnf(
-                model, splits["train"], splits["val"][: exp.n_val_flow], run_dir / "flow",
-                exp.flow, coupling=exp.coupling, progress=display)]  # fmt: skip
-        else:
-            results = train_shape_flow(model, splits["train"], splits["val"], run_dir,
-                                       exp.flow, exp.gram, objective=exp.objective,
-                                       n_val_flow=exp.n_val_flow, progress=display)  # fmt: skip
+        flow = fit_equivariant_cnf(model, splits["train"], splits["val"][: exp.n_val_flow],
+                                   run_dir / "flow", exp.flow, coupling=exp.coupling,
+                                   progress=display)  # fmt: skip
         if not final_eval:
             return exp
-        flow = results[0]
         estimate = None if flow.last_val_seconds is None \
             else flow.last_val_seconds / flow.val_points * eval_points  # fmt: skip
-        lefts = [r.budget_left_seconds for r in results]
-        slack = 15.0 * sum((c.total_budget_minutes or c.budget_minutes or 0.0)
-                           for c in (exp.flow, exp.gram))  # a quarter of the budget, in s
+        lefts = [flow.budget_left_seconds]
+        # a quarter of the budget, in s
+        slack = 15.0 * (exp.flow.total_budget_minutes or exp.flow.budget_minutes or 0.0)
         fits = estimate is None or None in lefts or estimate <= sum(lefts) + slack
         display.close()  # the announcement is printed with or without a progress line
         print(_eval_announcement(n_test, n_samples, estimate, lefts, exp.flow.clock, fits,
@@ -361,14 +325,23 @@ def _eval_announcement(n_test: int, n_samples: int, estimate_s: float | None,
             f"`grassflow eval {run_dir}` runs it")
 
 
-def load_run(run_dir: str | Path) -> tuple[ShapeExperiment, ShapeFlow | EquivariantCNF]:
-    """The preset and the model with each part's best validation checkpoint, eval mode."""
+def load_run(run_dir: str | Path) -> tuple[ShapeExperiment, EquivariantCNF]:
+    """The preset and the model with its best validation checkpoint, eval mode. A run of a
+    removed model (`REMOVED_MODELS`) raises a ``ValueError`` that says so."""
     run_dir = Path(run_dir)
-    exp = read_preset(run_dir, ShapeExperiment.from_dict, "shape")
-    if exp.model == "equivariant-cnf":
-        path = checkpoint_path(run_dir / "flow", "best")
-        return exp, load_equivariant_cnf(build_model(exp), path.parent, path.stem)
-    return exp, load_shape_flow(build_model(exp), run_dir)
+    exp = read_preset(run_dir, _preset_reader(run_dir), "shape")
+    path = checkpoint_path(run_dir / "flow", "best")
+    return exp, load_equivariant_cnf(build_model(exp), path.parent, path.stem)
+
+
+def _preset_reader(run_dir: Path):
+    """`ShapeExperiment.from_dict`, whose refusal of a removed model names ``run_dir``."""
+
+    def from_dict(d: dict) -> ShapeExperiment:
+        refuse_removed_model(d.get("model", ADDED_FIELDS["model"]), run_dir)
+        return ShapeExperiment.from_dict(d)
+
+    return from_dict
 
 
 def _distances(P: np.ndarray) -> np.ndarray:
@@ -377,8 +350,8 @@ def _distances(P: np.ndarray) -> np.ndarray:
 
 
 def model_name(exp: ShapeExperiment) -> str:
-    """The model of a run, in words: ``"ShapeFlow"`` or ``"EquivariantCNF (EFM baseline)"``."""
-    return "ShapeFlow" if exp.model == "shapeflow" else "EquivariantCNF (EFM baseline)"
+    """The model of a run, in words: ``"EquivariantCNF (EFM baseline)"``."""
+    return "EquivariantCNF (EFM baseline)"
 
 
 def _sample_comment(exp: ShapeExperiment, run_dir: str | Path, seed: int) -> str:
@@ -439,19 +412,16 @@ def load_heldout(exp: ShapeExperiment, data: str | Path, key: str | None = None)
             "skipped": pc.skipped, "labels_checked": checked}  # fmt: skip
 
 
-def _test_log_prob(model, exp: ShapeExperiment, test: torch.Tensor,
-                   display: Progress) -> dict[str, torch.Tensor]:  # fmt: skip
-    """The model's log-density of ``test`` (with its parts for a ShapeFlow), in multiples
-    of the model's own chunks (the numbers of one call), cloud by cloud on ``display``."""
-    score = model.log_prob_terms if exp.model == "shapeflow" \
-        else lambda c: {"log_prob": model.log_prob(c)}  # fmt: skip
+def _test_log_prob(model, test: torch.Tensor, display: Progress) -> torch.Tensor:
+    """The model's log-density of ``test``, in multiples of the model's own chunks (the
+    numbers of one call), cloud by cloud on ``display``."""
     display.start("test log-likelihood", len(test), bar_text="{n_fmt}/{total_fmt} clouds")
     chunks = []
     with torch.no_grad():
         for c in test.split(4 * getattr(model, "chunk_size", 16)):
-            chunks.append(score(c))
-            display.update(sum(len(t["log_prob"]) for t in chunks))
-    return {k: torch.cat([t[k] for t in chunks]) for k in chunks[0]}
+            chunks.append(model.log_prob(c))
+            display.update(sum(len(t) for t in chunks))
+    return torch.cat(chunks)
 
 
 def evaluate(
@@ -462,8 +432,8 @@ def evaluate(
     key: str | None = None,
     progress: bool | Progress = False,
 ) -> dict:
-    """Test NLL in nats per cloud (exact, on the (n - 1) d centred coordinates) with its
-    parts, and the JSD of the pair-distance histograms of samples and test clouds.
+    """Test NLL in nats per cloud (exact, on the (n - 1) d centred coordinates) and the JSD
+    of the pair-distance histograms of samples and test clouds.
 
     The test clouds are the run's test split, written to ``eval.json``; or, with ``data``,
     every cloud of that file (``key``: its ``.npz`` array; see `load_heldout` for the
@@ -474,25 +444,18 @@ def evaluate(
     heldout = None if data is None else load_heldout(exp, data, key)
     test = load_clouds(exp)["test"] if heldout is None else heldout["clouds"]
     with progress_line(progress, f"{run_dir.name} eval") as display:
-        terms = _test_log_prob(model, exp, test, display)
+        log_prob = _test_log_prob(model, test, display)
         with display.blocking(f"sampling {n_samples} clouds"):
             X = sample(run_dir, n_samples, seed, save=False)  # leaves the user's samples.npy
     a, b = _distances(X), _distances(test.numpy())
     hi = float(np.quantile(b, 0.999)) * 1.5
-    parts = {}
-    if exp.model == "shapeflow":
-        parts = {f"test_nll_{p}": -terms[p].mean().item() for p in ("grassmann", "gram",
-                                                                     "jacobian")}  # fmt: skip
-        parts["uniform_nll_grassmann"] = model.manifold.log_volume()
     result = {
         "n_test": len(test), "n_points": exp.n_points, "dim": exp.dim, "model": exp.model,
-        "potential": exp.potential, "objective": exp.objective,
-        "test_nll": -terms["log_prob"].mean().item(),
-        "test_nll_sem": (terms["log_prob"].std() / len(test) ** 0.5).item(), **parts,
+        "test_nll": -log_prob.mean().item(),
+        "test_nll_sem": (log_prob.std() / len(test) ** 0.5).item(),
         "params": sum(p.numel() for p in model.parameters()),
         "distance_jsd": jsd(histogram(a, 100, 0.0, hi), histogram(b, 100, 0.0, hi)),
-        **{f"{part}_{k}": value for part in ("flow", "gram")
-           for k, value in training_status(run_dir / part).items()},
+        **{f"flow_{k}": value for k, value in training_status(run_dir / "flow").items()},
     }  # fmt: skip
     if heldout is not None:
         result.update(data=str(Path(data).resolve()), n_skipped=len(heldout["skipped"]),
@@ -530,12 +493,8 @@ def plot(run_dir: str | Path, path: str | Path | None = None, n_show: int = 4) -
 
 
 def nll_summary(r: dict) -> str:
-    """A ShapeFlow's test NLL and its parts (a baseline's alone), from an ``eval.json``."""
-    if "test_nll_gram" not in r:
-        return f"{r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats per shape"
-    return (f"{r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats per shape = Grassmann "
-            f"{r['test_nll_grassmann']:.3f} (uniform {r['uniform_nll_grassmann']:.3f}) + Gram "
-            f"{r['test_nll_gram']:.3f} + Jacobian {r['test_nll_jacobian']:.3f}")  # fmt: skip
+    """The test NLL with its standard error, from an ``eval.json``."""
+    return f"{r['test_nll']:.3f} ± {r['test_nll_sem']:.3f} nats per shape"
 
 
 def save_sampled_clouds(
@@ -548,25 +507,24 @@ def save_sampled_clouds(
 
 def _eval_line(run_dir: Path, n_samples: int, seed: int) -> str:
     r = evaluate(run_dir, n_samples=n_samples, seed=seed, progress=True)
-    what = f"{r['potential']} potential" if r["model"] == "shapeflow" else r["model"]
-    return (f"[{r['n_points']} points in {r['dim']}-D, {what}] test NLL {nll_summary(r)} | "
+    return (f"[{r['n_points']} points in {r['dim']}-D, {r['model']}] test NLL {nll_summary(r)} | "
             f"pair-distance JSD {r['distance_jsd']:.4f}")  # fmt: skip
 
 
 def _eval_data_line(run_dir: Path, data: Path, key: str | None, n_samples: int, seed: int) -> str:
     r = evaluate(run_dir, n_samples=n_samples, seed=seed, data=data, key=key, progress=True)
-    what = f"{r['potential']} potential" if r["model"] == "shapeflow" else r["model"]
     notes = [f"{r['n_skipped']} rank-deficient clouds skipped"] if r["n_skipped"] else []
     if not r["labels_checked"]:
         notes.append("labels not checked: the file or the run has none")
     notes = f" ({'; '.join(notes)})" if notes else ""
-    return (f"[{r['n_points']} points in {r['dim']}-D, {what}] NLL of the {r['n_test']} clouds "
-            f"of {data}{notes}: {nll_summary(r)} | pair-distance JSD {r['distance_jsd']:.4f}\n"
+    return (f"[{r['n_points']} points in {r['dim']}-D, {r['model']}] NLL of the "
+            f"{r['n_test']} clouds of {data}{notes}: {nll_summary(r)} | pair-distance JSD "
+            f"{r['distance_jsd']:.4f}\n"
             f"wrote {eval_path(run_dir, data)}")  # fmt: skip
 
 
 def _sample_line(run_dir: Path, n: int, seed: int, out: Path) -> str:
-    exp = read_preset(run_dir, ShapeExperiment.from_dict, "shape")
+    exp = read_preset(run_dir, _preset_reader(run_dir), "shape")
     return save_sampled_clouds(sample(run_dir, n, seed, progress=True), out, exp.labels,
                                _sample_comment(exp, run_dir, seed))  # fmt: skip
 
