@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from grassflow.flows import ShapeFlow
 from grassflow_paper import vs_enf
+from grassflow_paper.two_part import TwoPartShapeFlow
 
 
 def kde_nll(x: torch.Tensor, centres: torch.Tensor, kappa: float) -> float:
@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--n-train", type=int, default=1000)
     args = parser.parse_args()
     data = vs_enf.load_enf_splits("dw4", args.n_train)
-    model = ShapeFlow(4, 2).double()
+    model = TwoPartShapeFlow(4, 2).double()
     normals = {s: torch.linalg.cross(*model.factor(data[s])[0].unbind(-1)) for s in data}
     kappas = [10.0 * 2**i for i in range(11)]
     val = [kde_nll(normals["val"], normals["train"], k) for k in kappas]

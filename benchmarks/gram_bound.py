@@ -1,16 +1,18 @@
-"""How low can ShapeFlow's Gram part go? The Gram density alone, more data and longer training.
+"""How low can the two-part model's Gram part go? The Gram density alone, more data and longer
+training.
 
 Run: ``PYTHONPATH=src python benchmarks/gram_bound.py [--systems dw4 lj13] [--minutes 10]``.
 
-ShapeFlow's Cartesian NLL is Grassmann + Gram + Jacobian, and the Gram part (the density of
-a cloud's in-span Gram matrix S given its span, :class:`~grassflow.nn.gram.WishartGram`) is
+The two-part ShapeFlow (the paper's, `grassflow_paper.two_part`; out of the library since
+issue 34) has a Cartesian NLL of Grassmann + Gram + Jacobian, and the Gram part (the density of
+a cloud's in-span Gram matrix S given its span, `grassflow_paper.gram_densities.WishartGram`) is
 trained on its own by maximum likelihood. This trains only that part, for each setting in
 :data:`SETTINGS` (mixture components, width, depth) and each training size (up to the 10,000
 rows of the training file; the first ``n``, distinct rows), for ``--minutes`` CPU minutes on
 one thread, selecting on the validation rows of the vs-E-NF protocol, and reports its test
 NLL part on the 1,000 test rows. It separates "the Wishart family cannot represent S given
 the span" (more data and time do not help) from "it does not learn fast enough", and puts
-beside it another family, :class:`~grassflow.nn.gram.DistanceGram` (a log-normal around a
+beside it another family, `grassflow_paper.gram_densities.DistanceGram` (a log-normal around a
 least-squares fit of learned pair distances, with per-pair precisions). The floor that no
 conditional can beat is ``benchmarks/part_floors.py``'s.
 Runs are resumable (``runs/gram_bound``); results go to ``results/gram_bound.{json,md}``.
@@ -24,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from grassflow.flows import ShapeFlow
-from grassflow.training import GramTerm, TrainConfig, load_checkpoint, train
+from grassflow.training import TrainConfig, load_checkpoint, train
 from grassflow.training.rng import seeded_init
 from grassflow.training.threads import set_threads
+from grassflow_paper.two_part import GramTerm, TwoPartShapeFlow
 from grassflow_paper.vs_enf import SHAPES, load_enf_splits
 
 SETTINGS = {  # name -> (family, components, hidden, layers)
@@ -43,7 +45,7 @@ def gram_nll(system: str, n_train: int, setting: str, minutes: float, runs: Path
     family, components, hidden, layers = SETTINGS[setting]
     data = load_enf_splits(system, n_train)
     with seeded_init(0):
-        model = ShapeFlow(*SHAPES[system], gram=family, gram_options={
+        model = TwoPartShapeFlow(*SHAPES[system], gram=family, gram_options={
             "components": components, "hidden": hidden, "layers": layers}).double()  # fmt: skip
     Y, S = model.factor(data["train"])
     model.gram.initialize(S, Y)

@@ -1,4 +1,7 @@
-"""Does ShapeFlow's Grassmann part plateau because the field is too small?
+"""Does the two-part ShapeFlow's Grassmann part plateau because the field is too small?
+
+The model is the paper's (`grassflow_paper.two_part`, trained by `grassflow_paper.vs_enf`),
+out of the library since issue 34.
 
 Run: ``PYTHONPATH=src python benchmarks/grassmann_capacity.py [--system lj13] [--minutes 4]``.
 

@@ -9,10 +9,11 @@ Each workload runs in a fresh process, one torch thread, float64, twice: ``befor
 a trim threshold of twice the largest freed mmapped block), ``after`` with grassflow's
 ``mallopt`` setting (`grassflow._malloc`). Workloads, on random twelve-point clouds in R^3:
 
-- ``shapeflow_log_prob``: exact ``log_prob`` of 16 clouds by the default
-  ``ShapeFlow(12, 3)`` (graph potential, forward-Laplacian jets), eval mode, no grad;
-- ``shapeflow_egnn_log_prob``: the same with ``field="egnn"`` (what ``grassflow train``
-  builds; exact divergence by ``vmap``-ed Jacobian-vector products through the EGNN);
+- ``shapeflow_log_prob``: exact ``log_prob`` of 16 clouds by the default two-part
+  ``TwoPartShapeFlow(12, 3)`` (the paper's model, `grassflow_paper.two_part`, out of the
+  library since issue 34; graph potential, forward-Laplacian jets), eval mode, no grad;
+- ``shapeflow_egnn_log_prob``: the same with ``field="egnn"`` (what ``grassflow train`` built
+  up to issue 34; exact divergence by ``vmap``-ed Jacobian-vector products through the EGNN);
 - ``baseline_log_prob``: exact ``log_prob`` of 16 clouds by ``EquivariantCNF(12, 3)``;
 - ``shapeflow_train``, ``shapeflow_egnn_train``: flow-matching steps of the ShapeFlow's flow
   (batch 128, Adam), after one warm-up step;
@@ -61,13 +62,14 @@ def _worker(name: str, args: argparse.Namespace, out_file: str) -> dict:
     from grassflow import _malloc
     from grassflow.baselines.matching import cfm_objective
     from grassflow.training import OBJECTIVES
+    from grassflow_paper.two_part import TwoPartShapeFlow
 
     torch.manual_seed(0)
     n, d = args.n_points, args.dim
     P = torch.randn(max(args.batch, args.clouds), n, d, dtype=torch.float64)
     if name.startswith("shapeflow"):
         field = "egnn" if "egnn" in name else "graph"
-        model = grassflow.ShapeFlow(n, d, field=field).double()
+        model = TwoPartShapeFlow(n, d, field=field).double()
     else:
         model = grassflow.EquivariantCNF(n, d).double()
     stats: dict = {}

@@ -1,9 +1,11 @@
-"""The Boltzmann density's own split into ShapeFlow's parts: how low each part can go.
+"""The Boltzmann density's own split into the two-part ShapeFlow's parts: how low each part can
+go.
 
 Run: ``PYTHONPATH=src python benchmarks/part_floors.py [--systems dw4 lj13] [--samples 4096]``.
 
-ShapeFlow's NLL of a centred cloud is Grassmann + Gram + Jacobian: ``-log p_Gr([Y]) -
-log p(S | Y) + J(S)`` (:meth:`~grassflow.flows.ShapeFlow.log_prob_terms`; J depends on the
+The two-part ShapeFlow's NLL (`grassflow_paper.two_part`, the paper's model) of a centred cloud
+is Grassmann + Gram + Jacobian: ``-log p_Gr([Y]) - log p(S | Y) + J(S)``
+(``TwoPartShapeFlow.log_prob_terms``; J depends on the
 data only). The Boltzmann density ``p_B(P) = exp(-U(P)) / Z`` that generated the DW4 and
 LJ13 files splits the same way, and its parts are the floors of each model part:
 

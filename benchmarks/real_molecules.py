@@ -1,8 +1,13 @@
-"""Real molecules: both shape models on thermal conformer ensembles (issue 22, item 5).
+"""Real molecules: the shape model on thermal conformer ensembles (issue 22, item 5).
 
-Run (one core; roughly 1-2 hours: per molecule ~30 s of data, 2 x 4 min of training, up to
-as much validation, and the evaluation, mostly the baseline's exact likelihoods: 2.1 CPU min
-for 20 test conformers and 100 samples of alanine dipeptide in the smoke run)::
+Until issue 34 this compared both shape models; the two-part ShapeFlow's rows in
+``results/real_molecules.*`` were made by commit 3531f93 (the last with it in the library) and
+are kept there. Its runs can still be diagnosed (``--diagnose``, with the paper's
+`grassflow_paper.two_part`), but only ``equivariant-cnf`` trains now.
+
+Run (one core; roughly 1 hour: per molecule ~30 s of data, 4 min of training, up to as much
+validation, and the evaluation, mostly the exact likelihoods: 2.1 CPU min for 20 test
+conformers and 100 samples of alanine dipeptide in the smoke run)::
 
     PYTHONPATH=src python benchmarks/real_molecules.py --minutes 4 \\
         --runs runs/real_molecules --out results
@@ -21,10 +26,9 @@ hydrogens explicit) ``--n-conformers`` MMFF94 conformers at 300 K are generated
 (:func:`grassflow.data.conformers.conformer_ensemble`, cached as ``RUNS/data/*.npz``), then
 each model (``--models``) is trained as ``grassflow train --data FILE --model M`` trains it
 (:func:`grassflow.tasks.shape_runs.run`: the same preset, split and training), except that
-``--minutes`` is a total CPU budget of the run (a ShapeFlow's Gram density gets 10 % of it, at
-most 1 min), so a rerun continues an interrupted run instead of training it longer. One
-thread; each run in ``RUNS/<molecule>/<model>``. Both models get the atoms' elements as point
-labels. Reported per molecule and model:
+``--minutes`` is a total CPU budget of the run, so a rerun continues an interrupted run
+instead of training it longer. One thread; each run in ``RUNS/<molecule>/<model>``. The
+model gets the atoms' elements as point labels. Reported per molecule and model:
 
 * test NLL ± SEM (nats per molecule, exact, on the (n - 1) 3 centred coordinates) on the
   first ``--n-test`` test conformers (the exact likelihood of the baseline costs ~(n - 1) 3
@@ -34,9 +38,10 @@ labels. Reported per molecule and model:
   molecule's within each element (:func:`grassflow.metrics.bonds_kept`, 16 training
   conformers as references); the ``data`` row scores the test conformers the same way;
 * clashes: the fraction of samples with two atoms closer than 0.9 Å;
-* training CPU minutes and iterations (both parts of a ShapeFlow), and parameters.
+* training CPU minutes and iterations, and parameters.
 
-``--diagnose`` adds to finished ShapeFlow rows where their nats and broken bonds come from
+``--diagnose`` adds to finished ShapeFlow rows (their runs made by 3531f93, in
+``RUNS/<molecule>/shapeflow``) where their nats and broken bonds come from
 (`diagnose`): the parts of the test NLL, and the bonds kept of clouds built from the test
 conformers' own spans or the flow's spans, with S from the Gram density or from a
 least-squares fit of the molecule's bond lengths.
@@ -58,14 +63,21 @@ import torch
 from grassflow.data.conformers import cached_ensemble
 from grassflow.distributions.cartesian import log_jacobian_gram
 from grassflow.metrics import bond_lengths, bonds_kept_fraction, closest_pair_fraction, mean_sem
-from grassflow.nn.gram import DistanceGram, metric_fit
 from grassflow.tasks import shape_runs as shapes
-from grassflow.tasks.run_dir import training_status
+from grassflow.tasks.run_dir import read_preset, training_status
+from grassflow.training.rng import seeded_init
 from grassflow.training.threads import set_threads
+from grassflow_paper.two_part import (
+    DistanceGram,
+    TwoPartShapeFlow,
+    load_shape_flow,
+    metric_fit,
+    preset_field_options,
+)
 
 MOLECULES = {"butane": "CCCC", "glycerol": "OCC(O)CO",
              "alanine-dipeptide": "CC(=O)NC(C)C(=O)NC"}  # fmt: skip
-MODELS = ("shapeflow", "equivariant-cnf")
+MODELS = ("equivariant-cnf",)
 TOL, CLASH = 0.1, 0.9  # relative bond tolerance; clash distance in Å
 N_REFERENCES = 16
 
@@ -73,12 +85,7 @@ N_REFERENCES = 16
 def experiment(data: Path, model: str, minutes: float, n_val: int) -> shapes.ShapeExperiment:
     """The preset of ``grassflow train --data DATA --model MODEL`` with a total budget."""
     exp = shapes.ShapeExperiment(data=str(data), model=model, n_val_flow=n_val)
-    if model == "equivariant-cnf":
-        flow, gram = minutes, None
-    else:
-        flow, gram = shapes.split_budget(minutes)
-    exp.flow = exp.flow.replace(total_budget_minutes=flow, clock="cpu")
-    exp.gram = exp.gram.replace(total_budget_minutes=gram, clock="cpu")
+    exp.flow = exp.flow.replace(total_budget_minutes=minutes, clock="cpu")
     return exp
 
 
@@ -103,15 +110,14 @@ def evaluate(run_dir: Path, bonds: np.ndarray, n_test: int, n_samples: int) -> d
         X = model.sample(n_samples, torch.Generator().manual_seed(0)).numpy()
     np.save(run_dir / "samples.npy", X)
     flow = training_status(run_dir / "flow")
-    gram = training_status(run_dir / "gram")  # zeros for the baseline (no Gram part)
     return {
         **{k: -v if k == "test_nll" else v
            for k, v in mean_sem("test_nll", logp).items()},  # fmt: skip
         "n_test": len(test),
         **quality(X, splits["train"].numpy(), bonds, np.asarray(exp.labels)),
         "n_samples": n_samples,
-        "cpu_minutes": flow["cpu_minutes"] + gram["cpu_minutes"],
-        "iterations": flow["iterations"], "gram_iterations": gram["iterations"],
+        "cpu_minutes": flow["cpu_minutes"],
+        "iterations": flow["iterations"], "gram_iterations": 0,
         "params": sum(p.numel() for p in model.parameters()),
         "eval_cpu_minutes": (time.process_time() - cpu0) / 60,
     }  # fmt: skip
@@ -119,7 +125,8 @@ def evaluate(run_dir: Path, bonds: np.ndarray, n_test: int, n_samples: int) -> d
 
 def bond_fit(model, Y: torch.Tensor, bonds: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
     """The metric that best gives the span's bonds their mean data ``lengths`` (least squares
-    in S, `grassflow.nn.gram.metric_fit`), lifted to positive definite: ``(B, d, d)``."""
+    in S, `grassflow_paper.gram_densities.metric_fit`), lifted to positive definite:
+    ``(B, d, d)``."""
     b = torch.as_tensor(bonds)
     points = model.H.to(Y) @ Y  # the span's points in Y's frame, as sample_given builds clouds
     d = points[:, b[:, 0]] - points[:, b[:, 1]]
@@ -129,8 +136,32 @@ def bond_fit(model, Y: torch.Tensor, bonds: np.ndarray, lengths: np.ndarray) -> 
     return S + torch.relu(1e-3 - low) * torch.eye(S.shape[-1], dtype=S.dtype)
 
 
+def load_two_part_run(run_dir: Path) -> tuple:
+    """The preset (a `shapes.ShapeExperiment` without the removed fields) and the two-part
+    model of a ShapeFlow run that ``grassflow train --data`` made up to commit 3531f93, built
+    as that commit built it and loaded with each part's best checkpoint."""
+    preset = read_preset(run_dir, dict, "shape")
+    if preset.get("model", "shapeflow") != "shapeflow":
+        raise ValueError(f"{run_dir} is not a ShapeFlow run")
+    keep = {k: v for k, v in preset.items() if k not in shapes.REMOVED_FIELDS}
+    exp = shapes.ShapeExperiment(**{**keep, "model": "equivariant-cnf"})  # the split's fields
+    labels = None if exp.labels is None else torch.tensor(exp.labels)
+    hidden = preset.get("hidden")
+    with seeded_init(exp.flow.seed):
+        model = TwoPartShapeFlow(
+            exp.n_points, exp.dim, preset["potential"], preset.get("gram_density", "wishart"),
+            labels=labels, chunk_size=exp.chunk_size, prior=preset["prior"],
+            field_options=preset_field_options(
+                preset["potential"], tuple(hidden) if isinstance(hidden, list) else hidden,
+                exp.layers),
+            gram_options={"components": preset.get("gram_components", 1)},
+            atol=exp.atol, rtol=exp.rtol,
+        ).double()  # fmt: skip
+    return exp, load_shape_flow(model, run_dir)
+
+
 def diagnose(run_dir: Path, bonds: np.ndarray, n_test: int, n_samples: int) -> dict:
-    """Where a ShapeFlow's nats and broken bonds come from.
+    """Where a ShapeFlow's nats and broken bonds come from (its run made by 3531f93).
 
     * the Gram and Jacobian parts of the test NLL (the Grassmann part is the rest);
     * ``own``: clouds from the test conformers' own spans with S drawn from the Gram density
@@ -141,7 +172,7 @@ def diagnose(run_dir: Path, bonds: np.ndarray, n_test: int, n_samples: int) -> d
     * ``model_bondfit``: the flow's sampled spans with that S (whether its spans admit the
       molecule's bonds at all).
     """
-    exp, model = shapes.load_run(run_dir)
+    exp, model = load_two_part_run(run_dir)
     splits = shapes.load_clouds(exp)
     test, train = splits["test"], splits["train"].numpy()
     lengths = bond_lengths(train, bonds).mean(0)
@@ -192,7 +223,7 @@ def markdown(rows: list[dict]) -> str:
             f"{r['test_nll']:.2f} ± {r['test_nll_sem']:.2f} (n={r['n_test']})"  # fmt: skip
         met = "yes" if r["bonds_kept"] >= 0.95 and r["clash_fraction"] < 0.01 else "no"
         iters = "" if "iterations" not in r else f"{r['iterations']:,}" + (
-            f" + {r['gram_iterations']:,}" if r["gram_iterations"] else "")
+            f" + {r['gram_iterations']:,}" if r.get("gram_iterations") else "")
         lines.append(
             f"| {r['molecule']} | {r['n_atoms']} | {r['n_conformers']:,} | `{r['model']}` | "
             f"{nll} | {r['bonds_kept']:.1%} | {r['clash_fraction']:.1%} | {met} | "
@@ -235,8 +266,8 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true",
                    help="tiny: 200 conformers, 0.2 min, 20 test conformers, 100 samples")
     p.add_argument("--diagnose", action="store_true",
-                   help="add to finished ShapeFlow rows where their nats and broken bonds "
-                        "come from (see diagnose)")
+                   help="add to finished ShapeFlow rows (runs made by 3531f93) where their "
+                        "nats and broken bonds come from (see diagnose)")
     args = p.parse_args()
     if args.smoke:
         args.n_conformers, args.minutes, args.n_test, args.n_samples, args.n_val = \
@@ -255,6 +286,10 @@ def main() -> None:
                 "n_conformers": len(ens.positions), "data_acceptance": ens.stats["acceptance"],
                 "data_cpu_seconds": ens.stats["cpu_seconds"]}  # fmt: skip
         todo = [("data", None)] + [(m, args.minutes) for m in args.models]
+        if args.diagnose:  # the removed model's finished rows
+            todo += [("shapeflow", r.get("minutes")) for r in rows
+                     if (r["molecule"], r["model"], r["n_conformers"])
+                     == (name, "shapeflow", base["n_conformers"])]  # fmt: skip
         for model, minutes in todo:
             row = {**base, "model": model, "minutes": minutes}
             if key(row) in done:

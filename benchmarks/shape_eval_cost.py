@@ -1,5 +1,6 @@
-"""Time and peak memory of one exact ShapeFlow log-likelihood chunk, forward Laplacian vs
-Hessian-vector products (issues 13 and 15). One thread, float64, untrained graph potential.
+"""Time and peak memory of one exact log-likelihood chunk of the two-part ShapeFlow (the
+paper's, `grassflow_paper.two_part`), forward Laplacian vs Hessian-vector products (issues
+13 and 15). One thread, float64, untrained graph potential.
 
     PYTHONPATH=src python benchmarks/shape_eval_cost.py
 
@@ -19,11 +20,11 @@ CASES = [("LJ13", 13, 3, 16), ("LJ13", 13, 3, 64), ("QM9", 19, 3, 16)]
 
 
 def measure(n: int, d: int, chunk: int, path: str, out) -> None:
-    from grassflow import ShapeFlow
+    from grassflow_paper.two_part import TwoPartShapeFlow
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = ShapeFlow(n, d, "graph", chunk_size=chunk).double().eval()
+    model = TwoPartShapeFlow(n, d, "graph", chunk_size=chunk).double().eval()
     model.flow.field.laplacian = path
     P = torch.randn(chunk, n, d, dtype=torch.float64)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,4 +1,4 @@
-"""What ShapeFlow's Grassmann fields cost: a flow-matching step and an exact-divergence call.
+"""What the two-part ShapeFlow's Grassmann fields cost: a flow-matching step, an exact divergence.
 
 Run: ``PYTHONPATH=src python benchmarks/shape_fields.py [--n 13 --d 3 --repeats 7]``.
 
@@ -17,10 +17,9 @@ import time
 
 import torch
 
-from grassflow.flows import ShapeFlow
-from grassflow.flows.shape_flow import preset_field_options
 from grassflow.ode import divergence_exact
 from grassflow.training.flow_matching import flow_matching_losses
+from grassflow_paper.two_part import TwoPartShapeFlow, preset_field_options
 
 FIELDS = {"graph 32 x 2": ("graph", 32, 2), "EGNN 32 x 3": ("egnn", 32, 3)}
 
@@ -35,7 +34,7 @@ def cpu_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(model: ShapeFlow, repeats: int) -> tuple[float, float]:
+def measure(model: TwoPartShapeFlow, repeats: int) -> tuple[float, float]:
     """(CPU ms of a flow-matching step, CPU ms per cloud of the field with its divergence)."""
     flow, gr = model.flow, model.manifold
     Y0, Y1, s = gr.random(64), gr.random(64), torch.rand(64)
@@ -65,8 +64,8 @@ def main() -> None:
     rows = {}
     for name, (potential, hidden, layers) in FIELDS.items():
         torch.manual_seed(0)
-        model = ShapeFlow(args.n, args.d, potential,
-                          field_options=preset_field_options(potential, hidden, layers))
+        model = TwoPartShapeFlow(args.n, args.d, potential,
+                                 field_options=preset_field_options(potential, hidden, layers))
         rows[name] = measure(model, args.repeats)
     base = rows["graph 32 x 2"]
     print(f"Gr({args.d}, {args.n - 1}), one thread, medians of {args.repeats}")

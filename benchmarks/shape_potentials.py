@@ -2,7 +2,8 @@
 
 For DW4 and LJ13 (the Klein et al. files, com-free, n = 1,000 training configurations) and
 QM9 (the cormorant split, 1,000 training molecules' worth of batches from all 13,832), each
-potential's GrCNF on Gr(d, n - 1) trains by flow matching for ``--minutes`` of wall-clock,
+potential's GrCNF on Gr(d, n - 1) (the flow of the paper's two-part model,
+`grassflow_paper.two_part`) trains by flow matching for ``--minutes`` of wall-clock,
 the validation NLL (exact ODE, ``--n-val`` configurations) picks the checkpoint, and the
 Grassmann test NLL is evaluated exactly on the first ``--n-test`` test configurations, with
 the ODE's NFE. Resumable: rerunning continues the runs in ``--runs`` (a larger ``--minutes``
@@ -29,9 +30,9 @@ import numpy as np
 import torch
 
 from grassflow.data.particle_files import shared_data_dir
-from grassflow.flows import ShapeFlow
 from grassflow.training import OBJECTIVES, TrainConfig, load_checkpoint, read_metrics, train
 from grassflow.training.rng import seeded_init
+from grassflow_paper.two_part import TwoPartShapeFlow
 
 KLEIN = {"dw4": ("train_split_DW4.npy", "val_split_DW4.npy", "test_split_DW4.npy", 4, 2),
          "lj13": ("val_split_LJ13-1000.npy", None, "test_split_LJ13-1000.npy", 13, 3)}  # fmt: skip
@@ -57,7 +58,7 @@ def clouds(system: str) -> dict[str, torch.Tensor]:
 def run(system: str, potential: str, args, data: dict) -> dict:
     n, d = data["train"].shape[1:]
     with seeded_init(0):
-        model = ShapeFlow(n, d, potential).double()
+        model = TwoPartShapeFlow(n, d, potential).double()
     Y = {s: model.factor(x)[0] for s, x in data.items()}
     run_dir = Path(args.runs) / f"{system}-{potential}"
     cfg = TrainConfig(lr=1e-3, weight_decay=1e-12, batch_size=100, iterations=10**7,

@@ -2,14 +2,14 @@
 
 Run: ``PYTHONPATH=src python benchmarks/threads.py [--seconds 10] [--out results/threads]``.
 
-For each model (the demo's texture flow, a ShapeFlow's flow on LJ13, QM9's flow; each one
-training step of its default objective and batch) and each thread setting (1 thread; 2
-threads with OpenMP's default wait policy, what plain torch gets; 2 threads with
-``OMP_WAIT_POLICY=PASSIVE``, what ``grassflow --threads 2`` gets; ``--threads auto``), a fresh
-process trains for ``--seconds`` of wall time, with 0, 1 and 2
-other CPU-bound processes (busy loops) on the machine. It reports steps per wall second and
-per CPU second (``time.process_time``, all threads), medians of ``--repeats`` runs, and writes
-``threads.json`` and ``threads.md``.
+For each model (the demo's texture flow, the two-part ShapeFlow's flow on LJ13
+(`grassflow_paper.vs_enf`), QM9's flow; each one training step of its default objective and
+batch) and each thread setting (1 thread; 2 threads with OpenMP's default wait policy, what
+plain torch gets; 2 threads with ``OMP_WAIT_POLICY=PASSIVE``, what ``grassflow --threads 2``
+gets; ``--threads auto``), a fresh process trains for ``--seconds`` of wall time, with 0, 1
+and 2 other CPU-bound processes (busy loops) on the machine. It reports steps per wall second
+and per CPU second (``time.process_time``, all threads), medians of ``--repeats`` runs, and
+writes ``threads.json`` and ``threads.md``.
 
 Per CPU second is what a CPU-time budget buys; a setting "collapses" under load when it falls
 well below one thread's.
