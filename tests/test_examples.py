@@ -58,7 +58,7 @@ def test_density_gr24(tmp_path):
     assert read_metrics(run_dir / "metrics.jsonl")[-1]["iteration"] == s["iterations"] == 1000
 
 
-def test_shapes_from_xyz(tmp_path):
+def test_shapes_from_xyz(tmp_path, monkeypatch):
     """Catches a broken path from .xyz files to the shape model and back: files not written or
     not read (60 clouds, their labels), a test NLL other than the one the script prints, a
     model that learns nothing (its test NLL must beat the CoM-free Gaussian fitted to the
@@ -72,6 +72,7 @@ def test_shapes_from_xyz(tmp_path):
     assert (r["model"], r["n_points"], r["dim"], r["n_test"]) == ("equivariant-cnf", 6, 3, 6)
     from grassflow.tasks import shape_runs
 
+    monkeypatch.chdir(tmp_path)  # the run's data path is relative to where it ran
     exp, _ = shape_runs.load_run(run_dir)
     splits = shape_runs.load_clouds(exp)
     X = {k: splits[k] - splits[k].mean(1, keepdim=True) for k in ("train", "test")}
