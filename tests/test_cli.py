@@ -341,5 +341,4 @@ def test_one_budget_vocabulary_and_the_old_spellings():
     assert exp.train.total_budget_minutes == tx.DEMO.train.total_budget_minutes
     exp = _shape_experiment(parser.parse_args(
         "train --run-dir r --data c.npy --minutes 10 --session-minutes 5".split()))  # fmt: skip
-    assert (exp.flow.total_budget_minutes, exp.gram.total_budget_minutes) == (7.0, 3.0)
-    assert (exp.flow.budget_minutes, exp.gram.budget_minutes) == (3.5, 1.5)
+    assert (exp.flow.total_budget_minutes, exp.flow.budget_minutes) == (10.0, 5.0)

@@ -184,6 +184,20 @@ def test_a_shapeflow_run_is_refused_with_its_last_commit(data_file, tmp_path, mo
     assert not (run / "flow").exists()  # nothing trained over it
 
 
+def test_grcnf_options_are_refused_with_data(data_file, tmp_path, capsys):
+    # catches: --objective or --prior (the GrCNF's, and the removed ShapeFlow's) silently
+    # ignored by `train --data`, whose model trains by flow matching from its own prior
+    from grassflow.cli import main
+
+    path, _ = data_file
+    for flag, value in (("--objective", "mle"), ("--prior", "gaussian")):
+        argv = ["train", "--data", str(path), "--run-dir", str(tmp_path / "r"), flag, value]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} do not apply to --data" in err and "3531f93" in err, err
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_baseline_run_saved_with_the_shapeflow_options_still_loads(tmp_path):
     # catches: a baseline run made before issue 34 (its preset holds the removed ShapeFlow's
     # options, ignored by the baseline) no longer readable, or refused on resume as another run

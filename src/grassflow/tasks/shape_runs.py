@@ -40,8 +40,8 @@ from .run_dir import KIND_KEY, claim_run_dir, data_identity, read_preset, traini
 __all__ = [
     "RUN_KIND",
     "MODELS", "REMOVED_MODELS", "ShapeExperiment", "build_model", "eval_path", "evaluate",
-    "load_clouds", "load_heldout", "load_run", "model_name", "plot", "nll_summary", "run",
-    "sample", "save_sampled_clouds", "split_summary",
+    "load_clouds", "load_heldout", "load_run", "model_name", "plot", "nll_summary",
+    "refuse_removed_model", "run", "sample", "save_sampled_clouds", "split_summary",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
