@@ -204,8 +204,9 @@ def add_commands(sub) -> None:
 
     p = rep.add_parser("vs-enf", help="DW4/LJ13 exact Cartesian NLL on E-NF's split and budget")
     p.add_argument("--systems", nargs="+", default=list(PARTICLE_SYSTEMS),
-                   choices=(*PARTICLE_SYSTEMS, "qm9"),
-                   help="qm9: --model equivariant-cnf only (ShapeFlow's QM9 rows: table2)")
+                   choices=(*PARTICLE_SYSTEMS, "qm9", "lj55"),
+                   help="qm9, lj55: --model equivariant-cnf only (lj55 reads data/lj55.npy "
+                        "from `grassflow data make lj55`; --data-dir to change)")
     p.add_argument("--n-train", nargs="+", type=int, default=[1000], help="training sizes")
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     add_minutes_option(p, 7.0, what="training CPU minutes of each run, both parts")

@@ -40,7 +40,8 @@ from grassflow.training.rng import seeded_init
 
 from .enf_protocol import SHAPES, data_dir_of, eval_summary, load_enf_splits
 
-SYSTEMS = {**SHAPES, "qm9": (19, 3)}  # QM9 positional: 19 atoms, E-NF's split
+SYSTEMS = {**SHAPES, "qm9": (19, 3), "lj55": (55, 3)}  # QM9 positional: E-NF's split
+LJ55_SPLIT = (250, 125, 125)  # chains of `grassflow data make lj55` in train, val and test
 # preset fields added after runs were made: the value those runs had without saying so
 ADDED_FIELDS = {"coupling": "equivariant-ot", "geometry": "cartesian"}
 
@@ -164,6 +165,8 @@ def load_splits(system: str, n_train: int, data_dir: str | None = None) -> dict:
     """``{"train", "val", "test"}`` clouds ``(N, n, d)`` float64: `enf_protocol.load_enf_splits`
     for DW4 and LJ13; for QM9 the first ``n_train`` training molecules of E-NF's split, its
     validation and its 1,813 test molecules (centred)."""
+    if system == "lj55":
+        return load_lj55_splits(n_train, data_dir)
     if system != "qm9":
         return load_enf_splits(system, n_train, data_dir)
     from .qm9_runs import load_molecules
@@ -172,9 +175,37 @@ def load_splits(system: str, n_train: int, data_dir: str | None = None) -> dict:
     return {"train": X["train"][:n_train], "val": X["valid"], "test": X["test"]}
 
 
+def load_lj55_splits(n_train: int, data_dir: str | None = None) -> dict:
+    """LJ55 from ``grassflow data make lj55`` (``<data_dir>/lj55.npy``, default ``data``):
+    its rows are (state, chain) in time-major order; whole chains go to one split
+    (`LJ55_SPLIT` of the 500 chains), so no split shares a chain. ``train``: its first
+    ``n_train`` rows (chain-major); all centred float64 ``(N, 55, 3)``."""
+    from grassflow.data.mcmc import DATASET_DEFAULTS
+
+    path = Path("data" if data_dir is None else data_dir) / "lj55.npy"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: make it with `grassflow data make lj55 "
+                                f"--out {path.parent}` (~9 CPU minutes)")  # fmt: skip
+    X = torch.as_tensor(np.load(path), dtype=torch.float64)
+    chains = DATASET_DEFAULTS["lj55"]["n_chains"]
+    if X.ndim != 2 or X.shape[1] != 165 or len(X) % chains:
+        raise ValueError(f"{path}: expected (states x {chains}, 165) rows from `grassflow data "
+                         f"make lj55`, got {tuple(X.shape)}")  # fmt: skip
+    X = X.reshape(-1, chains, 55, 3).transpose(0, 1)  # (chain, state, 55, 3)
+    X = X - X.mean(-2, keepdim=True)
+    a, b, _ = LJ55_SPLIT
+    parts = X[:a], X[a : a + b], X[a + b :]
+    train, val, test = (p.reshape(-1, 55, 3) for p in parts)
+    if n_train > len(train):
+        raise ValueError(f"n_train = {n_train} > the {len(train)} LJ55 training configurations")
+    return {"train": train[:n_train], "val": val, "test": test}
+
+
 def _protocol(exp: EFMExperiment) -> dict:
     if exp.system == "qm9":
         return {"protocol": "qm9 positional (E-NF's split)"}
+    if exp.system == "lj55":
+        return {"protocol": f"lj55 by MCMC, chains split {LJ55_SPLIT}"}
     return {"protocol": "vs_enf.ENF_SPLITS", "path": str(data_dir_of(exp.data_dir).resolve())}
 
 

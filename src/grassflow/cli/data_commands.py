@@ -1,4 +1,4 @@
-"""``grassflow data make`` and ``data compare``: DW4/LJ13 datasets by MCMC, and their check
+"""``grassflow data make`` and ``data compare``: DW4/LJ13/LJ55 datasets by MCMC, and their check
 against reference files."""
 
 from __future__ import annotations
@@ -35,17 +35,17 @@ def cmd_data_compare(args) -> None:
 
 
 # file sizes that `data make` writes by default: the largest paper training set + 2,000 held out
-DATA_SIZES = {"dw4": 102_000, "lj13": 12_000}
+DATA_SIZES = {"dw4": 102_000, "lj13": 12_000, "lj55": 2_000}
 
 
 def add_commands(sub) -> None:
     """Add ``data make`` and ``data compare`` to ``sub`` (an `options.Subcommands`)."""
     data = sub.add_subparsers(
-        sub.add_parser("data", help="make or check DW4/LJ13 datasets"),
+        sub.add_parser("data", help="make or check DW4/LJ13/LJ55 datasets"),
         dest="data_command", required=True,
     )
-    p = data.add_parser("make", help="sample DW4 or LJ13 by MCMC into OUT/<system>.npy")
-    p.add_argument("system", choices=PARTICLE_SYSTEMS)
+    p = data.add_parser("make", help="sample DW4, LJ13 or LJ55 by MCMC into OUT/<system>.npy")
+    p.add_argument("system", choices=(*PARTICLE_SYSTEMS, "lj55"))
     p.add_argument("--n", type=int, help=f"configurations (default {DATA_SIZES})")
     p.add_argument("--out", default="data", help="directory")
     p.add_argument("--seed", type=int, default=0)

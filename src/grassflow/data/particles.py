@@ -1,4 +1,5 @@
-"""Energies of the DW4 and LJ13 particle systems (Köhler et al. 2020; Klein et al. 2023).
+"""Energies of the DW4, LJ13 and LJ55 particle systems (Köhler et al. 2020; Klein et al.
+2023).
 
 A configuration is ``x: (..., n_particles, dim)``; an energy maps it to ``(...)``. The target
 density is ``exp(-U(x))`` (temperature 1). Both energies are invariant under rotations,
@@ -10,6 +11,7 @@ particles.
 - **LJ13**: 13 particles in 3-D with a Lennard-Jones pair potential plus a harmonic
   term that keeps the cluster together,
   ``U = sum_{i != j} eps [(rm / r_ij)^12 - 2 (rm / r_ij)^6] + k sum_i |x_i - xbar|^2``.
+- **LJ55**: the same potential with 55 particles (`lennard_jones_energy`).
 
 Conventions. DW4's ``1/(2 tau) sum_{i != j}`` counts every unordered pair once, as does
 bgflow's ``MultiDoubleWellPotential`` (``tau = 1``), so it is unambiguous. For LJ13 two
@@ -41,7 +43,9 @@ __all__ = [
     "ParticleSystem",
     "dw4_energy",
     "get_system",
+    "lennard_jones_energy",
     "lj13_energy",
+    "lj55_energy",
     "pair_distances",
 ]
 
@@ -118,7 +122,7 @@ def dw4_energy(
 PAIR_CONVENTIONS: tuple[str, ...] = ("ordered", "unique")
 
 
-def lj13_energy(
+def lennard_jones_energy(
     x: Tensor,
     *,
     eps: float = 1.0,
@@ -126,7 +130,8 @@ def lj13_energy(
     harmonic: float = 0.5,
     pairs: str = "ordered",
 ) -> Tensor:
-    """LJ13 energy: Lennard-Jones plus a harmonic term on the centred positions.
+    """Lennard-Jones energy plus a harmonic term on the centred positions, of any number of
+    particles (LJ13's and LJ55's).
 
     ``U = c sum_{i < j} eps [(rm / r_ij)^12 - 2 (rm / r_ij)^6] + harmonic * sum_i |x_i - xbar|^2``
     with ``xbar`` the mean position, so ``U`` is translation invariant; ``c = 2`` for
@@ -136,7 +141,7 @@ def lj13_energy(
     never NaN from the diagonal, which is left out of the pair sum.
 
     Args:
-        x: ``(..., 13, 3)`` positions.
+        x: ``(..., n, d)`` positions.
         eps: depth of the pair well (per ordered pair, or per pair with ``"unique"``).
         rm: distance of the pair minimum.
         harmonic: coefficient of the harmonic term.
@@ -146,7 +151,6 @@ def lj13_energy(
     Returns:
         ``(...)`` energies, same dtype as ``x``.
     """
-    _check_shape(x, 13, 3, "lj13_energy")
     if pairs not in PAIR_CONVENTIONS:
         raise ValueError(f"unknown pairs={pairs!r}; choose one of {list(PAIR_CONVENTIONS)}")
     inv2 = rm**2 / pair_distances(x, squared=True)
@@ -156,6 +160,20 @@ def lj13_energy(
     lj = factor * eps * (inv6 * (inv6 - 2.0)).sum(-1)
     centred = x - x.mean(dim=-2, keepdim=True)
     return lj + harmonic * (centred * centred).flatten(-2).sum(-1)
+
+
+def lj13_energy(x: Tensor, **kwargs) -> Tensor:
+    """`lennard_jones_energy` of ``x: (..., 13, 3)`` (the keyword arguments are its)."""
+    _check_shape(x, 13, 3, "lj13_energy")
+    return lennard_jones_energy(x, **kwargs)
+
+
+def lj55_energy(x: Tensor, **kwargs) -> Tensor:
+    """`lennard_jones_energy` of ``x: (..., 55, 3)``: LJ13's potential with 55 particles, as
+    Klein et al. (2023) define LJ55 (their files are not available here; `make_dataset`
+    draws it by MCMC)."""
+    _check_shape(x, 55, 3, "lj55_energy")
+    return lennard_jones_energy(x, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -183,6 +201,7 @@ class ParticleSystem:
 SYSTEMS: dict[str, ParticleSystem] = {
     "dw4": ParticleSystem("dw4", 4, 2, dw4_energy),
     "lj13": ParticleSystem("lj13", 13, 3, lj13_energy),
+    "lj55": ParticleSystem("lj55", 55, 3, lj55_energy),
 }
 
 
