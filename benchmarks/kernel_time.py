@@ -14,8 +14,8 @@ a trim threshold of twice the largest freed mmapped block), ``after`` with grass
   library since issue 34; graph potential, forward-Laplacian jets), eval mode, no grad;
 - ``shapeflow_egnn_log_prob``: the same with ``field="egnn"`` (what ``grassflow train`` built
   up to issue 34; exact divergence by ``vmap``-ed Jacobian-vector products through the EGNN);
-- ``baseline_log_prob``: exact ``log_prob`` of 16 clouds by ``EquivariantCNF(12, 3)``;
-- ``shapeflow_train``, ``shapeflow_egnn_train``: flow-matching steps of the ShapeFlow's flow
+- ``baseline_log_prob``: exact ``log_prob`` of 16 clouds by ``ShapeFlow(12, 3)``;
+- ``shapeflow_train``, ``shapeflow_egnn_train``: flow-matching steps of the two-part model's flow
   (batch 128, Adam), after one warm-up step;
 - ``baseline_train``: ``cfm_objective`` steps of the baseline (batch 128, Adam), after one
   warm-up step.
@@ -60,8 +60,7 @@ def _worker(name: str, args: argparse.Namespace, out_file: str) -> dict:
     torch.set_num_threads(1)
     import grassflow
     from grassflow import _malloc
-    from grassflow.baselines.matching import cfm_objective
-    from grassflow.training import OBJECTIVES
+    from grassflow.training import OBJECTIVES, cfm_objective
     from grassflow_paper.two_part import TwoPartShapeFlow
 
     torch.manual_seed(0)
@@ -71,7 +70,7 @@ def _worker(name: str, args: argparse.Namespace, out_file: str) -> dict:
         field = "egnn" if "egnn" in name else "graph"
         model = TwoPartShapeFlow(n, d, field=field).double()
     else:
-        model = grassflow.EquivariantCNF(n, d).double()
+        model = grassflow.ShapeFlow(n, d).double()
     stats: dict = {}
     if name.endswith("log_prob"):
         model.eval()

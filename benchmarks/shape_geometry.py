@@ -5,7 +5,7 @@ Run: ``PYTHONPATH=src python benchmarks/shape_geometry.py [--systems dw4 lj13]
 
 For minibatches of training clouds, paired with prior clouds exactly as training pairs them
 (equivariant OT: the assignment by the Procrustes cost, then x1 relabelled and rotated to
-x0; `grassflow.baselines.matching`), it measures per pair and geometry
+x0; `grassflow.training.shape_matching`), it measures per pair and geometry
 (`grassflow.manifolds.shape_paths`):
 
 - ``length``: the Euclidean length ``int_0^1 |u_t| dt`` of the horizontal path in the
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from grassflow.baselines.matching import _assignment, align, orthogonal_cost
 from grassflow.manifolds.shape_paths import GEOMETRIES, shape_path
 from grassflow.manifolds.shape_space import helmert_basis
+from grassflow.training.shape_matching import _assignment, align, orthogonal_cost
 from grassflow_paper.enf_protocol import load_enf_splits
 
 

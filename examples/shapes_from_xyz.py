@@ -4,7 +4,7 @@ By default it first writes a synthetic ensemble: noisy copies of a 6-atom molecu
 CH3OH), each randomly rotated and translated, one ``.xyz`` file per copy, with
 ``grassflow.data.point_clouds.write_xyz``. Pass ``--data FOLDER`` to use your own folder of
 ``.xyz`` files instead (or an ``(N, n, 3)`` ``.npy``). It then trains the library's shape
-model, one E(n)-equivariant flow on the whole cloud (``grassflow.baselines.EquivariantCNF``: a
+model, one E(n)-equivariant flow on the whole cloud (``grassflow.flows.ShapeFlow``: a
 density on clouds, invariant to translation, rotation, reflection and relabelling the atoms
 of one element) with ``grassflow.tasks.shape_runs``: ``run`` trains it by flow matching on a
 small CPU budget, ``evaluate`` prints the exact test NLL, and ``sample`` writes generated

@@ -51,9 +51,9 @@ def fixed_pace(monkeypatch):
     then buys the same number of steps however busy the machine is, and a run that stopped for
     its budget stops short of it (the case a rerun must not mistake for time left). The
     steps are those of the training objectives (`OBJECTIVES`) and of the shape model's flow
-    matching (`grassflow.baselines.fit`)."""
-    from grassflow.baselines import fit
+    matching (`grassflow.training.shape_fit`)."""
     from grassflow.training import clock, loop, objectives
+    from grassflow.training import shape_fit as fit
 
     def install(step: float, validation: float = 0.0, threads: float = 1.0) -> None:
         t = [0.0]

@@ -47,39 +47,39 @@ MUTATIONS = {
         'old.get("test_hash") == test_hash and any(', ["tests/test_vs_enf.py"]),
     "TwoPartShapeFlow: n instead of n - 1 in the Jacobian": (
         "grassflow_paper/two_part.py", "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points - 1)",
-        "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points)", ["tests/test_shape_flow.py"]),
+        "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points)", ["tests/test_two_part.py"]),
     "TwoPartShapeFlow: Jacobian subtracted": (
         "grassflow_paper/two_part.py", '"log_prob": log_gr + log_s + jac',
         '"log_prob": log_gr + log_s - jac',
-        ["tests/test_shape_flow.py"]),
+        ["tests/test_two_part.py"]),
     "TwoPartShapeFlow: eigenvalues of S reversed relative to Y": (
         "grassflow_paper/two_part.py", "return Y, torch.diag_embed(lam)",
-        "return Y, torch.diag_embed(lam.flip(-1))", ["tests/test_shape_flow.py"]),
+        "return Y, torch.diag_embed(lam.flip(-1))", ["tests/test_two_part.py"]),
     "TwoPartShapeFlow: no Haar rotation in sampling": (
         "grassflow_paper/two_part.py", "(Y @ torch.linalg.cholesky(S) @ R)",
         "(Y @ torch.linalg.cholesky(S))",
-        ["tests/test_shape_flow.py"]),
+        ["tests/test_two_part.py"]),
     "TwoPartShapeFlow: wrong sign of the log det S term": (
         "grassflow/distributions/cartesian.py", "return const - 0.5 * (n - k - 1) * torch.log(lam)",
-        "return const + 0.5 * (n - k - 1) * torch.log(lam)", ["tests/test_shape_flow.py"]),
+        "return const + 0.5 * (n - k - 1) * torch.log(lam)", ["tests/test_two_part.py"]),
     "TwoPartShapeFlow: density 1 % too high everywhere": (
         "grassflow_paper/two_part.py", '"log_prob": log_gr + log_s + jac}',
-        '"log_prob": log_gr + log_s + jac + 0.01}', ["tests/test_shape_flow.py"]),
+        '"log_prob": log_gr + log_s + jac + 0.01}', ["tests/test_two_part.py"]),
     "GrCNF: density 1 % too high everywhere": (
         "grassflow/flows/grcnf.py", "return self._prior_log_prob(Y0) + a0",
         "return self._prior_log_prob(Y0) + a0 + 0.01", ["tests/test_flows.py"]),
-    "EquivariantCNF: divergence subtracted": (
-        "grassflow/baselines/equivariant_cnf.py", "lp = self.prior_log_prob(z0) + a  #",
-        "lp = self.prior_log_prob(z0) - a  #", ["tests/test_equivariant_cnf.py"]),
-    "EquivariantCNF: prior normalized over n d dimensions": (
-        "grassflow/baselines/equivariant_cnf.py", "return -0.5 * self.event_dim * torch.log(",
-        "return -0.5 * self.n_points * self.dim * torch.log(", ["tests/test_equivariant_cnf.py"]),
-    "EquivariantCNF: density 1 % too high everywhere": (
-        "grassflow/baselines/equivariant_cnf.py", "lp = self.prior_log_prob(z0) + a  #",
-        "lp = self.prior_log_prob(z0) + a + 0.01  #", ["tests/test_equivariant_cnf.py"]),
-    "EquivariantCNF: half the divergence (a missing direction class)": (
-        "grassflow/baselines/equivariant_cnf.py", "div = (Jv * basis).sum(dim=(0, -2, -1))",
-        "div = (Jv * basis)[::2].sum(dim=(0, -2, -1))", ["tests/test_equivariant_cnf.py"]),
+    "ShapeFlow: divergence subtracted": (
+        "grassflow/flows/shape_flow.py", "lp = self.prior_log_prob(z0) + a  #",
+        "lp = self.prior_log_prob(z0) - a  #", ["tests/test_shape_flow.py"]),
+    "ShapeFlow: prior normalized over n d dimensions": (
+        "grassflow/flows/shape_flow.py", "return -0.5 * self.event_dim * torch.log(",
+        "return -0.5 * self.n_points * self.dim * torch.log(", ["tests/test_shape_flow.py"]),
+    "ShapeFlow: density 1 % too high everywhere": (
+        "grassflow/flows/shape_flow.py", "lp = self.prior_log_prob(z0) + a  #",
+        "lp = self.prior_log_prob(z0) + a + 0.01  #", ["tests/test_shape_flow.py"]),
+    "ShapeFlow: half the divergence (a missing direction class)": (
+        "grassflow/flows/shape_flow.py", "div = (Jv * basis).sum(dim=(0, -2, -1))",
+        "div = (Jv * basis)[::2].sum(dim=(0, -2, -1))", ["tests/test_shape_flow.py"]),
     # issue 33's audit: eight bugs that survived the quick loop, and a 3 % density error
     "DistanceGram: metric_fit given the targets as weights and the weights as targets": (
         "grassflow_paper/gram_densities.py", "S = metric_fit(d, out[..., 0], out[..., 1])",
@@ -91,16 +91,16 @@ MUTATIONS = {
     "DistanceGram: density 3 % too high everywhere": (
         "grassflow_paper/gram_densities.py", "return torch.logsumexp(log_pi + lp, -1)",
         "return torch.logsumexp(log_pi + lp, -1) + 0.03", ["tests/test_distance_gram.py"]),
-    "EquivariantCNF: the float64 re-solve only on NaN (+-inf passes through)": (
-        "grassflow/baselines/equivariant_cnf.py", "if torch.isfinite(lp).all():",
-        "if not torch.isnan(lp).any():", ["tests/test_equivariant_cnf.py"]),
+    "ShapeFlow: the float64 re-solve only on NaN (+-inf passes through)": (
+        "grassflow/flows/shape_flow.py", "if torch.isfinite(lp).all():",
+        "if not torch.isnan(lp).any():", ["tests/test_shape_flow.py"]),
     "CFM: equivariant OT aligns but drops the minibatch assignment": (
-        "grassflow/baselines/matching.py",
+        "grassflow/training/shape_matching.py",
         "            x0 = x0[_assignment(orthogonal_cost(x0, x1))]\n            x1 = align(",
-        "            x1 = align(", ["tests/test_equivariant_cnf.py"]),
+        "            x1 = align(", ["tests/test_shape_flow.py"]),
     "CFM: the flow-matching path reversed": (
-        "grassflow/baselines/matching.py", "v = model.field(t, (1 - tt) * x0 + tt * x1)",
-        "v = model.field(t, tt * x0 + (1 - tt) * x1)", ["tests/test_equivariant_cnf.py"]),
+        "grassflow/manifolds/shape_paths.py", "return (1 - tt) * x0 + tt * x1, x1 - x0",
+        "return tt * x0 + (1 - tt) * x1, x1 - x0", ["tests/test_shape_flow.py"]),
     "alignment: Kabsch allows reflections under reflections=False": (
         "grassflow/metrics/alignment.py",
         "        if not reflections:\n            U[..., -1] *= np.sign(np.linalg.det(U @ Vt))",

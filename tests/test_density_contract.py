@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from conftest import mc_tolerance, random_orthogonal
-from grassflow.baselines import EquivariantCNF, cfm_objective
-from grassflow.flows import GrCNF
+from grassflow.flows import GrCNF, ShapeFlow
 from grassflow.flows.contract import DensityModel
 from grassflow.manifolds import Grassmann
 from grassflow.nn import GrassmannField, Potential, scale_init_
+from grassflow.training import cfm_objective
 from quadrature import log_volume_grassmann
 
 F64 = torch.float64
@@ -79,8 +79,8 @@ def _template_clouds(B, g):
 
 def _shape_case(geometry: str) -> Case:
     torch.manual_seed(1)
-    model = EquivariantCNF(5, 2, hidden=16, layers=2, atol=1e-5, rtol=1e-5, chunk_size=N_MC,
-                           geometry=geometry).double()  # fmt: skip
+    model = ShapeFlow(5, 2, hidden=16, layers=2, atol=1e-5, rtol=1e-5, chunk_size=N_MC,
+                      geometry=geometry).double()  # fmt: skip
     g = torch.Generator().manual_seed(2)
     data = _template_clouds(256, g)
     model.fit_prior(data)

@@ -24,7 +24,7 @@ from grassflow.nn import EGNNField
 from grassflow_paper.span_fields import PointCloudField
 from grassflow_paper.two_part import TwoPartShapeFlow
 from quadrature import grassmann_rule, log_volume_grassmann
-from test_shape_flow import calibrate_gram, haar, stratified_mean
+from test_two_part import calibrate_gram, haar, stratified_mean
 
 TIGHT = {"atol": 1e-7, "rtol": 1e-7}
 
@@ -165,7 +165,7 @@ def test_shape_flow_egnn_is_normalized_and_invariant(gram):
     # clouds per node: p / q = g(Y) r(S, Y) with g = V_Gr p_Gr from the whole model on one
     # cloud per node, and r (the Gram and Jacobian parts) from the same model with a zero
     # field (its Grassmann part is then 1 / V_Gr), which costs no ODE. The Wishart Gram
-    # density is test_shape_flow's calibrated one.
+    # density is test_two_part's calibrated one.
     from grassflow.training.rng import seeded_init
     from grassflow_paper.gram_densities import DistanceGram
 

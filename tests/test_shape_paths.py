@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from grassflow.baselines.matching import align, cfm_objective, procrustes
 from grassflow.manifolds import Grassmann
 from grassflow.manifolds.shape_paths import (
     bundle_path,
@@ -16,6 +15,7 @@ from grassflow.manifolds.shape_paths import (
     shape_path,
     straight_path,
 )
+from grassflow.training.shape_matching import align, cfm_objective, procrustes
 
 F64 = torch.float64
 
@@ -147,10 +147,10 @@ def test_grassmann_objective_regresses_on_the_bundle_path():
     """Catches cfm_objective ignoring ``geometry``: with the same RNG state, the Grassmann
     loss is the mean squared distance of the field from the bundle path's velocity at the
     bundle path's point, which differs from the straight line's."""
-    from grassflow.baselines import EquivariantCNF
+    from grassflow.flows import ShapeFlow
 
     torch.manual_seed(0)
-    model = EquivariantCNF(5, 2, hidden=8, layers=1).double()
+    model = ShapeFlow(5, 2, hidden=8, layers=1).double()
     batch = _clouds(6, 5, 2, 20)
     losses = {}
     for geometry in ("cartesian", "grassmann"):
@@ -160,7 +160,7 @@ def test_grassmann_objective_regresses_on_the_bundle_path():
     torch.manual_seed(1)
     z = torch.randn(6, 4, 2, dtype=F64)
     x0 = model.clouds(z * model.prior_std)
-    from grassflow.baselines.matching import _assignment, orthogonal_cost
+    from grassflow.training.shape_matching import _assignment, orthogonal_cost
 
     x0 = x0[_assignment(orthogonal_cost(x0, batch))]
     x1 = align(x0, batch)

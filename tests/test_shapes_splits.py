@@ -61,7 +61,7 @@ def test_run_trains_on_train_and_validates_on_val(data_file, tmp_path, monkeypat
     def spy(model, train_clouds, val_clouds, run_dir, config, **kw):
         calls.append((train_clouds.clone(), val_clouds.clone(), run_dir))
 
-    monkeypatch.setattr(shapes, "fit_equivariant_cnf", spy)
+    monkeypatch.setattr(shapes, "fit_shape_flow", spy)
     exp = shapes.ShapeExperiment(data=str(path), n_val_flow=3)
     shapes.run(exp, tmp_path / "run", progress=False)
     (train, val, run_dir), = calls  # fmt: skip
@@ -247,7 +247,7 @@ def test_run_prints_the_split_and_the_labels(data_file, tmp_path, monkeypatch, c
     # catches: a silent split (issue 33): counts, fractions and seed not printed when training
     # starts, or printed for other fractions than those used; labels of shapes_Z.npy unnamed
     path, _ = data_file
-    monkeypatch.setattr(shapes, "fit_equivariant_cnf", lambda *a, **k: None)
+    monkeypatch.setattr(shapes, "fit_shape_flow", lambda *a, **k: None)
     exp = shapes.ShapeExperiment(data=str(path), val_fraction=0.25, test_fraction=0.125,
                                  split_seed=3)  # fmt: skip
     shapes.run(exp, tmp_path / "run", progress=False)

@@ -2,6 +2,7 @@
 
 Points of Gr(k, D) are orthonormal representatives ``Y: (..., D, k)``; every ``log_prob`` is a
 density with respect to the Riemannian volume of Gr(k, D) under the metric ``tr(xi^T eta)``.
+The shape model for point clouds is `ShapeFlow`, one E(n)-equivariant flow on the cloud.
 """
 
 import os as _os
@@ -13,20 +14,20 @@ if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from ._malloc import configure as _configure_malloc
-from .baselines import EquivariantCNF
 from .distributions import MatrixGaussianPrior, UniformGrassmann
-from .flows import GrCNF
+from .flows import GrCNF, ShapeFlow, ShapeFlowConfig
 from .manifolds import Grassmann
 from .nn import GrassmannField, Potential
 from .ode import odeint_grassmann
 
 __all__ = [
-    "EquivariantCNF",
     "GrCNF",
     "Grassmann",
     "GrassmannField",
     "MatrixGaussianPrior",
     "Potential",
+    "ShapeFlow",
+    "ShapeFlowConfig",
     "UniformGrassmann",
     "odeint_grassmann",
     "__version__",

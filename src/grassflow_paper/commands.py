@@ -212,8 +212,8 @@ def add_commands(sub) -> None:
     add_minutes_option(p, 7.0, what="training CPU minutes of each run, both parts")
     p.add_argument("--model", default="shapeflow", choices=("shapeflow", "equivariant-cnf"),
                    help="the two-part model (grassflow_paper.two_part, the diagnosis rows), "
-                        "or the equivariant flow-matching model (EFM; "
-                        "grassflow.baselines.EquivariantCNF)")  # fmt: skip
+                        "or the library's shape model (grassflow.flows.ShapeFlow; with "
+                        "--geometry cartesian, equivariant flow matching, EFM)")  # fmt: skip
     p.add_argument("--potential", default="graph", choices=POTENTIALS)
     p.add_argument("--objective", default="fm", choices=OBJECTIVE_NAMES)
     p.add_argument("--tol", type=float, default=1e-4,

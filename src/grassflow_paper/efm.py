@@ -1,8 +1,10 @@
-"""The equivariant flow-matching baseline (`EquivariantCNF`) on
-the vs-E-NF protocol: same files, splits, CPU budgets and evaluation as the ShapeFlow runs
-of `vs_enf`, so their rows sit side by side in ``results/vs_enf.json``.
+"""The library's shape model (`grassflow.flows.ShapeFlow`) on the vs-E-NF protocol; with
+``geometry="cartesian"`` it is the equivariant flow-matching (EFM) baseline. Same files,
+splits, CPU budgets and evaluation as the two-part model's runs of `vs_enf`, so their rows
+sit side by side in ``results/vs_enf.json``.
 
-* Budget: ``minutes`` of training CPU time (validation apart), like ShapeFlow's total.
+* Budget: ``minutes`` of training CPU time (validation apart), like the two-part model's
+  total.
 * Training in ``dtype`` and evaluation in ``eval_dtype`` (float32 by default: about two
   to three times the work per CPU second of float64 on this CPU), at atol = rtol = ``tol``.
 
@@ -20,20 +22,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grassflow.baselines import (
-    CFM_COUPLINGS,
-    EquivariantCNF,
-    ShapeFlowConfig,
-    fit_equivariant_cnf,
-    load_equivariant_cnf,
-)
 from grassflow.data.overlap import novel_mask
+from grassflow.flows import ShapeFlow, ShapeFlowConfig
 from grassflow.manifolds.shape_paths import GEOMETRIES
 from grassflow.metrics import closest_pair_fraction, distance_histogram, jsd, mean_sem
 from grassflow.tasks.registry import RunKind
 from grassflow.tasks.run_dir import claim_run_dir, data_identity, read_preset, training_status
 from grassflow.tasks.shape_runs import save_sampled_clouds
-from grassflow.training import TrainConfig, checkpoint_path, load_checkpoint
+from grassflow.training import (
+    CFM_COUPLINGS,
+    TrainConfig,
+    checkpoint_path,
+    fit_shape_flow,
+    load_checkpoint,
+    load_shape_flow,
+)
 from grassflow.training.checkpoint import write_json
 from grassflow.training.clock import Stopwatch
 from grassflow.training.rng import seeded_init
@@ -47,8 +50,8 @@ ADDED_FIELDS = {"coupling": "equivariant-ot", "geometry": "cartesian"}
 
 __all__ = [
     "RUN_KIND",
-    "SYSTEMS", "EFMExperiment", "build_model", "evaluate", "load_run", "load_splits", "run",
-    "sample",
+    "SYSTEMS", "EFMExperiment", "build_model", "evaluate", "load_run", "load_splits",
+    "model_name", "run", "sample",
 ]  # fmt: skip
 
 
@@ -75,7 +78,7 @@ class EFMExperiment:
             (n - 1) d forward-mode products in cache).
         eval_dtype: of validation and the test NLL. float32 costs a third of float64's CPU
             time; at atol = rtol = 1e-4 the solver's error, not rounding, sets the accuracy
-            (they agree to ~1e-3 nats: tests/test_equivariant_cnf.py and the README).
+            (they agree to ~1e-3 nats: tests/test_shape_flow.py and the README).
     """
 
     system: str = "dw4"
@@ -155,10 +158,10 @@ class EFMExperiment:
         return cls(**d)
 
 
-def build_model(exp: EFMExperiment) -> EquivariantCNF:
+def build_model(exp: EFMExperiment) -> ShapeFlow:
     """The untrained model of ``exp`` (weights seeded by ``exp.seed``) in ``eval_dtype``."""
     with seeded_init(exp.seed):
-        return EquivariantCNF.from_config(exp.shape_config()).to(getattr(torch, exp.eval_dtype))
+        return ShapeFlow.from_config(exp.shape_config()).to(getattr(torch, exp.eval_dtype))
 
 
 def load_splits(system: str, n_train: int, data_dir: str | None = None) -> dict:
@@ -217,15 +220,15 @@ def run(exp: EFMExperiment, run_dir: str | Path, *, force: bool = False, progres
                 **data_identity(**{s: data[s] for s in ("train", "val", "test")})}  # fmt: skip
     claim_run_dir(run_dir, exp.to_dict(), identity, kind="efm", added=ADDED_FIELDS, force=force,
                   budget_keys=("minutes", "iterations"))  # fmt: skip
-    fit_equivariant_cnf(build_model(exp), data["train"], data["val"][: exp.n_val],
-                        Path(run_dir) / "flow", exp.config(), progress=progress)  # fmt: skip
+    fit_shape_flow(build_model(exp), data["train"], data["val"][: exp.n_val],
+                   Path(run_dir) / "flow", exp.config(), progress=progress)  # fmt: skip
 
 
-def load_run(run_dir: str | Path) -> tuple[EFMExperiment, EquivariantCNF]:
+def load_run(run_dir: str | Path) -> tuple[EFMExperiment, ShapeFlow]:
     """The preset and the model (``eval_dtype``) with the best validation checkpoint."""
     exp = read_preset(Path(run_dir), EFMExperiment.from_dict, "vs-enf")
     path = checkpoint_path(Path(run_dir) / "flow", "best")
-    return exp, load_equivariant_cnf(build_model(exp), path.parent, path.stem)
+    return exp, load_shape_flow(build_model(exp), path.parent, path.stem)
 
 
 def sample(run_dir: str | Path, n: int, seed: int = 0) -> np.ndarray:
@@ -237,7 +240,7 @@ def sample(run_dir: str | Path, n: int, seed: int = 0) -> np.ndarray:
 def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
     """Exact test NLL (nats per configuration, with SEM) of the best checkpoint, the same on
     the novel test configurations, training and evaluation minutes and the parameter count,
-    as `vs_enf.evaluate` gives for ShapeFlow. Writes ``eval.json``; an existing one is
+    as `vs_enf.evaluate` gives for the two-part model. Writes ``eval.json``; an existing one is
     returned if it evaluated the run as it stands on the same test set."""
     run_dir = Path(run_dir)
     exp = read_preset(run_dir, EFMExperiment.from_dict, "vs-enf")
@@ -284,9 +287,21 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
     return result
 
 
+def model_name(exp: EFMExperiment) -> str:
+    """The model of a run, in words: ``"ShapeFlow (EFM baseline)"`` for the Cartesian
+    geometry, else ``"ShapeFlow (<geometry> geometry)"``."""
+    return "ShapeFlow " + ("(EFM baseline)" if exp.geometry == "cartesian"
+                           else f"({exp.geometry} geometry)")  # fmt: skip
+
+
+def _sample_comment(run_dir: str | Path, seed: int) -> str:
+    """The comment line of sampled ``.xyz`` frames: which model of which run drew them."""
+    exp = read_preset(Path(run_dir), EFMExperiment.from_dict, "vs-enf")
+    return f"grassflow {model_name(exp)} sample, seed {seed}, run {run_dir}"
+
+
 RUN_KIND = RunKind(
     evaluate=lambda run_dir, n_samples, seed: eval_summary(evaluate(run_dir)),
     sample=lambda run_dir, n, seed, out: save_sampled_clouds(
-        sample(run_dir, n, seed), out,
-        comment=f"grassflow EquivariantCNF (EFM baseline) sample, seed {seed}, run {run_dir}"),
+        sample(run_dir, n, seed), out, comment=_sample_comment(run_dir, seed)),
 )

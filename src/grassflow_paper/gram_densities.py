@@ -2,7 +2,7 @@
 in-span Gram matrix given its subspace.
 
 Kept for reproducing the paper's QM9 table and the diagnosis rows (`two_part`); the library's
-shape model is one flow on the cloud (`grassflow.baselines.EquivariantCNF`). Moved here from
+shape model is one flow on the cloud (`grassflow.flows.ShapeFlow`). Moved here from
 ``grassflow.nn.gram`` in issue 34 (the last library commit with it: 3531f93).
 
 A centred cloud in Helmert coordinates is ``P' = Y B`` with ``[Y]`` in Gr(k, n - 1); what the

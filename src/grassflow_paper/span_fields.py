@@ -2,7 +2,7 @@ r"""A horizontal vector field on Gr(k, n - 1) from an equivariant velocity field
 ``"egnn"`` field of the two-part shape model (`two_part`).
 
 Kept for reproducing the paper's QM9 table and the diagnosis rows; the library's shape model
-is one flow on the cloud (`grassflow.baselines.EquivariantCNF`). Moved here from
+is one flow on the cloud (`grassflow.flows.ShapeFlow`). Moved here from
 ``grassflow.nn.horizontal`` in issue 34 (the last library commit with it: 3531f93).
 
 A centred cloud of n points in R^k spans a k-plane of the (n - 1)-dimensional space of

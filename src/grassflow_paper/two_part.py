@@ -7,7 +7,7 @@ table (`qm9_runs`) and those diagnosis rows (`vs_enf`): it lost to one flow on t
 cloud in every measured row, so it left the library in issue 34 (it was
 ``grassflow.flows.ShapeFlow``, ``grassflow.training.train_shape_flow`` and
 ``grassflow.nn.gram``; the last library commit with it is 3531f93). The library's shape model
-is that one flow on the cloud, `grassflow.baselines.EquivariantCNF`.
+is that one flow on the cloud, now named `grassflow.flows.ShapeFlow`.
 
 A cloud ``P: (n, d)`` is centred and written in the Helmert basis H of 1-perp,
 ``P' = H^T P: (n - 1, d)``, the CoM-free coordinates that E-NF's densities live on (H has

@@ -1,14 +1,28 @@
-"""Comparators that users can run too: models from the literature, on the same data,
-coordinates and training loop as ours, so that a comparison measures the models.
+"""The old names of the shape model, kept so that users' code keeps working.
 
-`EquivariantCNF` is the E(n)-equivariant CNF trained by flow matching (EFM; Klein,
-Krämer & Noé 2023), the model people use today for point-cloud densities.
+The E(n)-equivariant flow-matching CNF (EFM; Klein, Krämer & Noé 2023) is the library's
+shape model, `grassflow.flows.ShapeFlow`, with ``geometry="cartesian"`` (the default): the
+EFM baseline. ``EquivariantCNF`` is ``ShapeFlow``; ``fit_equivariant_cnf`` and
+``load_equivariant_cnf`` are `grassflow.training.fit_shape_flow` and
+`grassflow.training.load_shape_flow`; the flow-matching names come from
+`grassflow.training.shape_matching`. New code should import them from there.
 """
 
+from ..flows.shape_flow import ShapeFlow, ShapeFlowConfig
 from ..nn.egnn import EGNNField
-from .equivariant_cnf import EquivariantCNF, ShapeFlowConfig
-from .fit import fit_equivariant_cnf, load_equivariant_cnf
-from .matching import CFM_COUPLINGS, align, cfm_losses, cfm_objective, orthogonal_cost, procrustes
+from ..training.shape_fit import fit_shape_flow, load_shape_flow
+from ..training.shape_matching import (
+    CFM_COUPLINGS,
+    align,
+    cfm_losses,
+    cfm_objective,
+    orthogonal_cost,
+    procrustes,
+)
+
+EquivariantCNF = ShapeFlow
+fit_equivariant_cnf = fit_shape_flow
+load_equivariant_cnf = load_shape_flow
 
 __all__ = [
     "CFM_COUPLINGS", "EGNNField", "EquivariantCNF", "ShapeFlowConfig", "align", "cfm_losses",

@@ -1,6 +1,7 @@
-"""Flows on Gr(k, D): `GrCNF`. (The library's shape model on point clouds is
-`grassflow.baselines.EquivariantCNF`, one flow on the cloud.)"""
+"""Flows: `GrCNF` on Gr(k, D), and `ShapeFlow`, the library's shape model (one flow on the
+point cloud; its `ShapeFlowConfig` picks the flow-matching geometry)."""
 
 from .grcnf import GrCNF
+from .shape_flow import ShapeFlow, ShapeFlowConfig
 
-__all__ = ["GrCNF"]
+__all__ = ["GrCNF", "ShapeFlow", "ShapeFlowConfig"]

@@ -1,7 +1,7 @@
 """An E(n)-equivariant graph network (EGNN) velocity field for point clouds.
 
 The field of the library's shape model, the equivariant flow-matching CNF
-(`grassflow.baselines.EquivariantCNF`): the EGNN of
+(`grassflow.flows.ShapeFlow`): the EGNN of
 Satorras et al. (2021) in the "dynamics" form that E-NF and EFM use. Node features start from
 the time (and optional per-point labels, e.g. atom types, one-hot); each layer forms messages
 from both end points' features and the squared distance, gates them (attention), moves every

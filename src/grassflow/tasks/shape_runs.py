@@ -1,5 +1,6 @@
 """Users' own point clouds: train, evaluate, sample and plot the library's shape model, one
-E(n)-equivariant flow on the whole cloud (`EquivariantCNF`, ``model="equivariant-cnf"``).
+E(n)-equivariant flow on the whole cloud (`ShapeFlow` with the Cartesian geometry, i.e. the EFM
+baseline; ``model="equivariant-cnf"``).
 
 ``grassflow train --data shapes.npy`` (or ``.npz``, or a folder of ``.xyz`` files) lands here.
 The clouds are split at random (seeded) into train / val / test, 10 % each for val and test
@@ -27,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..baselines import CFM_COUPLINGS, EquivariantCNF, fit_equivariant_cnf, load_equivariant_cnf
 from ..data.point_clouds import element_symbol, labels_path, load_point_clouds, save_clouds
+from ..flows import ShapeFlow
 from ..metrics import histogram, jsd
-from ..training import TrainConfig, checkpoint_path
+from ..training import CFM_COUPLINGS, TrainConfig, checkpoint_path, fit_shape_flow, load_shape_flow
 from ..training.checkpoint import write_json
 from ..training.progress import Progress, minutes, progress_line
 from ..training.rng import seeded_init
@@ -51,9 +52,9 @@ REMOVED_MODELS = {"shapeflow": "3531f93"}
 """Models that ``train --data`` no longer has, with the last commit that has them: the
 two-part ShapeFlow (GrCNF on the spans + Gram density), removed in issue 34."""
 # preset fields added after runs were made: the value those runs had without saying so
-# (a preset without ``model`` is a ShapeFlow run's)
+# (a preset without ``model`` is a two-part ShapeFlow run's)
 ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot"}
-# preset fields of the removed ShapeFlow: a baseline run's saved values of them are ignored
+# preset fields of the removed two-part model: a baseline run's saved values of them are ignored
 REMOVED_FIELDS = ("potential", "prior", "objective", "gram", "gram_density", "gram_components")
 
 
@@ -97,9 +98,9 @@ class ShapeExperiment:
             ``.xyz`` frames (see `grassflow.data.point_clouds.load_point_clouds`).
         key: the ``.npz`` array's name.
         model: ``"equivariant-cnf"``, the only one: one flow on the CoM-free cloud (the
-            EFM model), trained by flow matching with ``coupling``. ``"shapeflow"`` (and a
-            saved preset without ``model``, which meant it) is refused: see
-            `REMOVED_MODELS`.
+            EFM model, `ShapeFlow` with the Cartesian geometry), trained by flow matching
+            with ``coupling``. ``"shapeflow"``, the removed two-part model (and a saved
+            preset without ``model``, which meant it), is refused: see `REMOVED_MODELS`.
         hidden, layers: its EGNN's width and message-passing layers (default 32 and 3).
         atol, rtol: ODE tolerances of every evaluation (validation, test NLL, sampling).
         chunk_size: clouds per exact-divergence solve (bounds the memory of evaluation).
@@ -160,9 +161,9 @@ class ShapeExperiment:
 
     @classmethod
     def from_dict(cls, d: dict) -> ShapeExperiment:
-        """The preset of a saved ``experiment.json`` (without its kind). A ShapeFlow run's
-        (``model`` ``"shapeflow"`` or absent) raises a ``ValueError`` that names its removal
-        (`REMOVED_MODELS`); a baseline run's values of the ShapeFlow's options
+        """The preset of a saved ``experiment.json`` (without its kind). A two-part model's
+        run (``model`` ``"shapeflow"`` or absent) raises a ``ValueError`` that names its
+        removal (`REMOVED_MODELS`); a baseline run's values of the two-part model's options
         (`REMOVED_FIELDS`) are dropped."""
         refuse_removed_model(d.get("model", ADDED_FIELDS["model"]))
         return cls(**{k: v for k, v in d.items() if k not in REMOVED_FIELDS})
@@ -227,13 +228,13 @@ def _formula(labels) -> str:
                    for s in order)  # fmt: skip
 
 
-def build_model(exp: ShapeExperiment) -> EquivariantCNF:
+def build_model(exp: ShapeExperiment) -> ShapeFlow:
     """The model of ``exp`` (``n_points`` and ``dim`` resolved), float64."""
     labels = None if exp.labels is None or not exp.efm_labels else torch.tensor(exp.labels)
     with seeded_init(exp.flow.seed):
-        return EquivariantCNF(exp.n_points, exp.dim, hidden=exp.hidden or 32, layers=exp.layers,
-                              atol=exp.atol, rtol=exp.rtol, chunk_size=exp.chunk_size,
-                              labels=labels).double()  # fmt: skip
+        return ShapeFlow(exp.n_points, exp.dim, hidden=exp.hidden or 32, layers=exp.layers,
+                         atol=exp.atol, rtol=exp.rtol, chunk_size=exp.chunk_size,
+                         labels=labels).double()  # fmt: skip
 
 
 def run(
@@ -286,9 +287,9 @@ def run(
         exp.flow = exp.flow.replace(reserve_points=eval_points)
     model = build_model(exp)
     with progress_line(progress, run_dir.name) as display:
-        flow = fit_equivariant_cnf(model, splits["train"], splits["val"][: exp.n_val_flow],
-                                   run_dir / "flow", exp.flow, coupling=exp.coupling,
-                                   progress=display)  # fmt: skip
+        flow = fit_shape_flow(model, splits["train"], splits["val"][: exp.n_val_flow],
+                              run_dir / "flow", exp.flow, coupling=exp.coupling,
+                              progress=display)  # fmt: skip
         if not final_eval:
             return exp
         estimate = None if flow.last_val_seconds is None \
@@ -325,13 +326,13 @@ def _eval_announcement(n_test: int, n_samples: int, estimate_s: float | None,
             f"`grassflow eval {run_dir}` runs it")
 
 
-def load_run(run_dir: str | Path) -> tuple[ShapeExperiment, EquivariantCNF]:
+def load_run(run_dir: str | Path) -> tuple[ShapeExperiment, ShapeFlow]:
     """The preset and the model with its best validation checkpoint, eval mode. A run of a
     removed model (`REMOVED_MODELS`) raises a ``ValueError`` that says so."""
     run_dir = Path(run_dir)
     exp = read_preset(run_dir, _preset_reader(run_dir), "shape")
     path = checkpoint_path(run_dir / "flow", "best")
-    return exp, load_equivariant_cnf(build_model(exp), path.parent, path.stem)
+    return exp, load_shape_flow(build_model(exp), path.parent, path.stem)
 
 
 def _preset_reader(run_dir: Path):
@@ -350,8 +351,9 @@ def _distances(P: np.ndarray) -> np.ndarray:
 
 
 def model_name(exp: ShapeExperiment) -> str:
-    """The model of a run, in words: ``"EquivariantCNF (EFM baseline)"``."""
-    return "EquivariantCNF (EFM baseline)"
+    """The model of a run, in words: ``"ShapeFlow (EFM baseline)"`` (the Cartesian
+    geometry)."""
+    return "ShapeFlow (EFM baseline)"
 
 
 def _sample_comment(exp: ShapeExperiment, run_dir: str | Path, seed: int) -> str:

@@ -12,6 +12,10 @@ Example:
 
 The same call trains data-parallel under ``torchrun --nproc_per_node N``; see
 `grassflow.training.distributed`.
+
+The shape model (`grassflow.flows.ShapeFlow`) trains by conditional flow matching on point
+clouds: `cfm_objective` (`shape_matching`: couplings, equivariant OT, alignment) and
+`fit_shape_flow` / `load_shape_flow` (`shape_fit`).
 """
 
 from .batches import Sampler, SamplerBatches, TensorBatches
@@ -29,8 +33,11 @@ from .parallel_eval import (
     save_samples,
 )
 from .result import TrainingDiverged, TrainingInterrupted, TrainResult
+from .shape_fit import fit_shape_flow, load_shape_flow
+from .shape_matching import CFM_COUPLINGS, cfm_losses, cfm_objective
 
 __all__ = [
+    "CFM_COUPLINGS",
     "OBJECTIVES",
     "TRAJECTORY_FIELDS",
     "CheckpointError",
@@ -46,12 +53,16 @@ __all__ = [
     "TrainingDiverged",
     "TrainingInterrupted",
     "atomic_save",
+    "cfm_losses",
+    "cfm_objective",
     "checkpoint_path",
     "distributed_log_prob",
     "distributed_mean_nll",
     "distributed_sample",
     "distributed_transport",
+    "fit_shape_flow",
     "load_checkpoint",
+    "load_shape_flow",
     "mean_nll",
     "nll_objective",
     "read_metrics",

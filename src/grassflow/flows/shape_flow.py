@@ -1,15 +1,25 @@
-r"""``EquivariantCNF``: the E(n)-equivariant flow-matching CNF (EFM), as a comparator.
+r"""``ShapeFlow``: the library's shape model, one E(n)-equivariant flow on the whole cloud.
 
-The model people use today for point-cloud densities (Klein, Krämer & Noé 2023): an EGNN
-velocity field (`EGNNField`) on centre-of-mass-free coordinates, from a CoM-free
-Gaussian prior, trained by conditional flow matching (`matching`). Clouds ``P: (n, d)``
-are centred and written in the Helmert basis H of 1-perp, ``z = H^T (P - mean): (n - 1, d)``,
-the space that `ShapeFlow` and E-NF's densities live on, so the NLLs
-compare directly: nats per cloud, Lebesgue measure on the (n - 1) d CoM-free coordinates.
+A normalized density on clouds of n points in R^d: an EGNN velocity field (`EGNNField`) on
+centre-of-mass-free coordinates, from a CoM-free Gaussian prior, trained by conditional flow
+matching (`grassflow.training.shape_matching`, `grassflow.training.shape_fit`). Clouds
+``P: (n, d)`` are centred and written in the Helmert basis H of 1-perp,
+``z = H^T (P - mean): (n - 1, d)``; NLLs are nats per cloud, Lebesgue measure on the
+(n - 1) d CoM-free coordinates (the space E-NF's densities live on too).
+
+``geometry`` (`ShapeFlowConfig`) picks the flow-matching paths that train the field:
+
+* ``"cartesian"`` (the default): straight lines between aligned clouds, i.e. equivariant
+  flow matching (EFM; Klein, Krämer & Noé 2023). ``ShapeFlow`` with this geometry is the
+  EFM baseline.
+* ``"grassmann"``: the span on its Grassmann geodesic and the in-span metric on its
+  affine-invariant SPD geodesic (`grassflow.manifolds.shape_paths`).
+
+The density and the sampler are the same ODE either way:
 
 * Prior: ``N(0, sigma^2 I)`` on z, normalized (its log-normalizer is included, unlike the
   bgflow code that EFM's published numbers come from); sigma is fitted to the training
-  clouds by maximum likelihood (`EquivariantCNF.fit_prior`).
+  clouds by maximum likelihood (`ShapeFlow.fit_prior`).
 * Likelihood: ``log p(z_1) = log p_0(z_0) - int_0^1 div v(t, z_t) dt``, integrated backwards
   by dopri5 (torchdiffeq) with the exact divergence: the trace of the (n - 1) d x (n - 1) d
   Jacobian by forward-mode products along every basis direction. No Hutchinson estimate.
@@ -17,6 +27,10 @@ compare directly: nats per cloud, Lebesgue measure on the (n - 1) d CoM-free coo
 The density is invariant to translations (it lives on centred clouds), rotations,
 reflections and relabellings, because the field is equivariant and the prior invariant. With
 per-point ``labels`` (atom types) only relabellings that keep the labels leave it unchanged.
+
+References:
+    Klein, Krämer, Noé. Equivariant Flow Matching. NeurIPS 2023, arXiv:2306.15030.
+    Satorras, Hoogeboom, Welling. E(n) Equivariant Graph Neural Networks. ICML 2021.
 """
 
 from __future__ import annotations
@@ -35,15 +49,15 @@ from ..manifolds.shape_paths import GEOMETRIES
 from ..manifolds.shape_space import helmert_basis
 from ..nn.egnn import EGNNField
 
-__all__ = ["EquivariantCNF", "ShapeFlowConfig"]
+__all__ = ["ShapeFlow", "ShapeFlowConfig"]
 
-COUPLINGS = ("independent", "ot", "equivariant-ot")  # of `matching`, which imports this module
+COUPLINGS = ("independent", "ot", "equivariant-ot")  # of `grassflow.training.shape_matching`
 
 
 @dataclass(frozen=True)
 class ShapeFlowConfig:
     """Everything that defines a shape model, in one serializable record (`to_dict`,
-    `from_dict`); `EquivariantCNF.from_config` builds the model.
+    `from_dict`); `ShapeFlow.from_config` builds the model.
 
     Attributes:
         n_points, dim: the clouds' n and d.
@@ -93,7 +107,7 @@ class ShapeFlowConfig:
         return cls(**d)
 
 
-class EquivariantCNF(nn.Module):
+class ShapeFlow(nn.Module):
     """Normalized density on clouds of ``n_points`` points in R^``dim`` (any translation).
 
     Args:
@@ -119,7 +133,7 @@ class EquivariantCNF(nn.Module):
     """
 
     @classmethod
-    def from_config(cls, config: ShapeFlowConfig | dict) -> EquivariantCNF:
+    def from_config(cls, config: ShapeFlowConfig | dict) -> ShapeFlow:
         """The model of ``config`` (a `ShapeFlowConfig` or its ``to_dict``)."""
         if isinstance(config, dict):
             config = ShapeFlowConfig.from_dict(config)
@@ -322,7 +336,7 @@ class EquivariantCNF(nn.Module):
 class _ChunkLogProb(nn.Module):
     """``model._chunk_log_prob`` as a forward (for ``torch.func.functional_call``)."""
 
-    def __init__(self, model: EquivariantCNF):
+    def __init__(self, model: ShapeFlow):
         super().__init__()
         self.model = model
 

@@ -1,4 +1,4 @@
-"""Fitting an `EquivariantCNF` to clouds: resumable flow matching with the generic
+"""Fitting a `ShapeFlow` to clouds: resumable flow matching with the generic
 training loop, the best checkpoint chosen by the exact validation NLL."""
 
 from __future__ import annotations
@@ -8,17 +8,20 @@ from pathlib import Path
 
 from torch import Tensor
 
+from ..flows.shape_flow import ShapeFlow
 from ..manifolds.shape_paths import GEOMETRIES
-from ..training import TrainConfig, TrainResult, load_checkpoint, train
-from ..training.progress import Progress
-from .equivariant_cnf import EquivariantCNF
-from .matching import CFM_COUPLINGS, cfm_objective
+from .checkpoint import load_checkpoint
+from .config import TrainConfig
+from .loop import train
+from .progress import Progress
+from .result import TrainResult
+from .shape_matching import CFM_COUPLINGS, cfm_objective
 
-__all__ = ["fit_equivariant_cnf", "load_equivariant_cnf"]
+__all__ = ["fit_shape_flow", "load_shape_flow"]
 
 
-def fit_equivariant_cnf(
-    model: EquivariantCNF,
+def fit_shape_flow(
+    model: ShapeFlow,
     train_clouds: Tensor,
     val_clouds: Tensor | None,
     run_dir: str | Path,
@@ -54,9 +57,9 @@ def fit_equivariant_cnf(
                  resume=True, progress=progress)  # fmt: skip
 
 
-def load_equivariant_cnf(
-    model: EquivariantCNF, run_dir: str | Path, which: str = "best"
-) -> EquivariantCNF:
+def load_shape_flow(
+    model: ShapeFlow, run_dir: str | Path, which: str = "best"
+) -> ShapeFlow:
     """``model`` with the ``which`` (``"best"`` or ``"last"``) checkpoint of ``run_dir``, cast
     to ``model``'s dtype, in eval mode."""
     ckpt = load_checkpoint(Path(run_dir) / f"{which}.pt", required=("model",))

@@ -1,8 +1,9 @@
-"""Conditional flow matching for `EquivariantCNF`, with equivariant minibatch OT.
+"""Conditional flow matching for `ShapeFlow`, with equivariant minibatch OT.
 
-A prior cloud ``x0`` and a data cloud ``x1`` (both centred) are joined by the straight line
-``x_t = (1 - t) x0 + t x1``; the field is regressed onto ``x1 - x0``. The pairs of a minibatch
-are chosen by a coupling:
+A prior cloud ``x0`` and a data cloud ``x1`` (both centred) are joined by the conditional
+path of the model's ``geometry`` (`grassflow.manifolds.shape_paths`): the straight line
+``x_t = (1 - t) x0 + t x1`` with target ``x1 - x0`` (``"cartesian"``, EFM's), or the
+Grassmann-bundle path (``"grassmann"``). The pairs of a minibatch are chosen by a coupling:
 
 * ``"independent"``: as drawn;
 * ``"ot"``: an exact assignment minimizing the summed squared distance (Tong et al. 2023);
@@ -33,9 +34,9 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
+from ..flows.shape_flow import COUPLINGS
 from ..manifolds.shape_paths import GEOMETRIES, shape_path
 from ..metrics.alignment import assign_within_labels, label_groups
-from .equivariant_cnf import COUPLINGS
 
 __all__ = [
     "CFM_COUPLINGS", "align", "cfm_losses", "cfm_objective", "orthogonal_cost", "procrustes",
@@ -119,7 +120,7 @@ def cfm_losses(
 def cfm_objective(
     model: nn.Module, batch: Tensor, coupling: str = "equivariant-ot", geometry: str = "cartesian"
 ) -> tuple[Tensor, dict[str, Any]]:
-    """Flow-matching loss of an `EquivariantCNF` on a batch of clouds ``(B, n, d)``
+    """Flow-matching loss of a `ShapeFlow` on a batch of clouds ``(B, n, d)``
     (any translation), on the conditional paths of ``geometry`` (`GEOMETRIES`). Prior
     clouds and times come from the global RNG, which the training loop seeds and
     checkpoints. The Grassmann path depends on ``x1`` only up to rotation, so of the
