@@ -31,8 +31,9 @@ def _model(n=4, d=2, gain=0.1, **kw) -> ShapeFlow:
     return m
 
 
-def _clouds(B, n, d, scale=1.5):
-    return scale * torch.randn(B, n, d) + 3.0  # any translation
+def _clouds(B, n, d, scale=1.5, seed=None):
+    g = None if seed is None else torch.Generator().manual_seed(seed)
+    return scale * torch.randn(B, n, d, generator=g) + 3.0  # any translation
 
 
 def test_zero_field_gives_the_normalized_prior_in_closed_form():
@@ -122,12 +123,29 @@ def test_density_integrates_to_one():
     assert abs(w.mean().item() - 1.0) < tol
 
 
+def _default_model(*args, **kw) -> ShapeFlow:
+    """``ShapeFlow(*args, **kw)`` as a user builds it: under torch's default float32 (the
+    tests run under float64, `conftest`)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        return ShapeFlow(*args, **kw)
+    finally:
+        torch.set_default_dtype(old)
+
+
 def test_bad_input_is_named():
-    m = ShapeFlow(4, 2)
+    # catches: the dtype checked against the float64 Helmert buffer instead of the
+    # parameters, which refused float32 clouds and let float64 ones fail in the field
+    m = _default_model(4, 2)
+    assert (m.dtype, m.device, m.H.dtype) == (torch.float32, torch.device("cpu"), torch.float64)
     with pytest.raises(ValueError, match=r"\(B, 4, 2\)"):
         m.log_prob(torch.randn(3, 5, 2))
-    with pytest.raises(ValueError, match="float32"):
-        m.log_prob(torch.randn(3, 4, 2, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"P is torch\.float64 .* the model is torch\.float32"):
+        m.log_prob(torch.randn(3, 4, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"P is torch\.float32 .* the model is torch\.float64"):
+        m.double().log_prob(torch.randn(3, 4, 2, dtype=torch.float32))
+    m = ShapeFlow(4, 2)
     with pytest.raises(ValueError, match="finite"):
         m.log_prob(torch.full((2, 4, 2), float("nan")))
     with pytest.raises(ValueError, match="chunk_size"):
@@ -136,6 +154,25 @@ def test_bad_input_is_named():
         EGNNField(1, 2)
     with pytest.raises(ValueError, match="coupling"):
         cfm_objective(m, torch.randn(3, 4, 2), coupling="sinkhorn")
+
+
+def test_a_default_model_scores_and_samples_float32_clouds():
+    # catches: a default (float32) model refusing float32 clouds because its Helmert buffer
+    # is float64, or sampling float64 clouds that its float32 field cannot take
+    m = _default_model(4, 2, hidden=8, layers=1, atol=1e-4, rtol=1e-4)
+    assert m.H.dtype == torch.float64 and m.dtype == torch.float32
+    with torch.no_grad():
+        lp = m.log_prob(_clouds(3, 4, 2).float())
+        X = m.sample(2, torch.Generator().manual_seed(0))
+        Y, lq = m.sample_with_log_prob(2, torch.Generator().manual_seed(0))
+    assert lp.dtype == X.dtype == Y.dtype == lq.dtype == torch.float32
+    assert lp.shape == (3,) and torch.isfinite(lp).all() and X.shape == (2, 4, 2)
+    # the same numbers as the model cast to float32 (which casts H with it)
+    m32 = ShapeFlow(4, 2, hidden=8, layers=1, atol=1e-4, rtol=1e-4).float()
+    m32.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        P = _clouds(3, 4, 2, seed=0).float()
+        assert torch.equal(m32.log_prob(P), m.log_prob(P))
 
 
 # ------------------------------------------------------------------ couplings

@@ -256,7 +256,7 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
     nfe = []
     with torch.no_grad(), Stopwatch() as watch:
         chunks = []
-        for c in data["test"].to(model.H.dtype).split(exp.chunk_size):
+        for c in data["test"].to(model.dtype).split(exp.chunk_size):
             chunks.append(model.log_prob(c).double())
             nfe.append(model.last_stats["nfe"])
         nll = -torch.cat(chunks)

@@ -172,9 +172,20 @@ class ShapeFlow(nn.Module):
                                n_labels)  # fmt: skip
         self.n_points, self.dim, self.chunk_size = n_points, dim, chunk_size
         self.atol, self.rtol = atol, rtol
-        self.register_buffer("H", helmert_basis(n_points))  # float64; used in P's dtype
+        # float64 until the module is cast; used in the dtype of the clouds
+        self.register_buffer("H", helmert_basis(n_points))
         self.register_buffer("prior_std", torch.tensor(float(prior_std), dtype=torch.float64))
         self.last_stats: dict = {}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's floating dtype (that of its parameters; inputs must match it)."""
+        return next(self.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device (that of its parameters; inputs must be on it)."""
+        return next(self.parameters()).device
 
     @property
     def labels(self) -> Tensor | None:
@@ -192,21 +203,22 @@ class ShapeFlow(nn.Module):
                 f"chunk_size={self.chunk_size}")  # fmt: skip
 
     # ------------------------------------------------------------ coordinates
-    def _check(self, P: Tensor) -> None:
+    def _check(self, P: Tensor, dtype: bool = True) -> None:
+        """Raise a ``ValueError`` unless ``P`` is a non-empty ``(B, n, d)`` batch of finite
+        clouds, in the model's dtype and on its device (unless not ``dtype``)."""
         if not isinstance(P, Tensor) or P.dim() != 3 or P.shape[1:] != (self.n_points, self.dim):
             shape = tuple(P.shape) if isinstance(P, Tensor) else type(P).__name__
             raise ValueError(f"P must be (B, {self.n_points}, {self.dim}) clouds, got {shape}")
-        ref = self.H
-        if P.dtype != ref.dtype or P.device != ref.device:
-            raise ValueError(f"P is {P.dtype} on {P.device}, but the model is {ref.dtype} on "
-                             f"{ref.device}; convert with .to() first")  # fmt: skip
+        if dtype and (P.dtype != self.dtype or P.device != self.device):
+            raise ValueError(f"P is {P.dtype} on {P.device}, but the model is {self.dtype} on "
+                             f"{self.device}; convert with .to() first")  # fmt: skip
         if P.shape[0] == 0 or not torch.isfinite(P).all():
             raise ValueError(f"P must be a non-empty batch of finite clouds, got {tuple(P.shape)}")
 
     def helmert(self, P: Tensor) -> Tensor:
         """CoM-free coordinates ``z = H^T (P - mean): (B, n - 1, d)`` of clouds ``(B, n, d)``."""
         self._check(P)
-        return self.H.mT @ (P - P.mean(dim=-2, keepdim=True))
+        return self.H.to(P).mT @ (P - P.mean(dim=-2, keepdim=True))
 
     def clouds(self, z: Tensor) -> Tensor:
         """Centred clouds ``H z: (..., n, d)`` of CoM-free coordinates ``z: (..., n - 1, d)``."""
@@ -214,9 +226,12 @@ class ShapeFlow(nn.Module):
 
     @torch.no_grad()
     def fit_prior(self, P: Tensor) -> float:
-        """Set sigma to the maximum-likelihood scale of the clouds ``P: (N, n, d)``: the root
-        mean square of their CoM-free coordinates. Returns it."""
-        z = self.helmert(P.to(self.H))
+        """Set sigma to the maximum-likelihood scale of the clouds ``P: (N, n, d)`` (any
+        dtype): the root mean square of their CoM-free coordinates, computed in the dtype of
+        ``H`` (float64 unless the model was cast). Returns it."""
+        self._check(P, dtype=False)
+        P = P.to(self.H)
+        z = self.H.mT @ (P - P.mean(dim=-2, keepdim=True))
         self.prior_std.fill_(z.square().mean().sqrt().item())
         return self.prior_std.item()
 
@@ -307,15 +322,15 @@ class ShapeFlow(nn.Module):
         """``m`` centred clouds ``(m, n, d)`` from the prior (CPU generator: drawn on CPU)."""
         if not isinstance(m, int) or isinstance(m, bool) or m < 1:
             raise ValueError(f"number of samples must be an integer >= 1, got {m!r}")
-        z = torch.randn(m, self.n_points - 1, self.dim, dtype=self.H.dtype, generator=generator)
-        return self.clouds(z.to(self.H.device) * self.prior_std)
+        z = torch.randn(m, self.n_points - 1, self.dim, dtype=self.dtype, generator=generator)
+        return self.clouds(z.to(self.device) * self.prior_std.to(z))
 
     def sample(self, m: int, generator: torch.Generator | None = None) -> Tensor:
         """``m`` centred clouds ``(m, n, d)``: prior samples carried by the flow to t = 1."""
         with torch.no_grad():
             x0 = self.sample_prior(m, generator)
             z = [self._solve(c, 0.0, 1.0, divergence=False)[0]
-                 for c in (self.H.mT @ x0).split(self.chunk_size)]  # fmt: skip
+                 for c in (self.H.to(x0).mT @ x0).split(self.chunk_size)]  # fmt: skip
             return self.clouds(torch.cat(z))
 
     def sample_with_log_prob(
@@ -324,7 +339,8 @@ class ShapeFlow(nn.Module):
         """``m`` samples ``(m, n, d)`` and their exact log-density ``(m,)``, from one forward
         solve with the divergence (for importance weights)."""
         with torch.no_grad():
-            z0 = self.H.mT @ self.sample_prior(m, generator)
+            x0 = self.sample_prior(m, generator)
+            z0 = self.H.to(x0).mT @ x0
             zs, logps = [], []
             for c in z0.split(self.chunk_size):
                 z1, a = self._solve(c, 0.0, 1.0, divergence=True)  # a(1) = int_0^1 div dt
