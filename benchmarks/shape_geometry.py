@@ -5,7 +5,7 @@ Run: ``PYTHONPATH=src python benchmarks/shape_geometry.py [--systems dw4 lj13]
 
 For minibatches of training clouds, paired with prior clouds exactly as training pairs them
 (equivariant OT: the assignment by the Procrustes cost, then x1 relabelled and rotated to
-x0; `grassflow.training.shape_matching`), it measures per pair and geometry
+x0; `grassflow.manifolds.alignment`), it measures per pair and geometry
 (`grassflow.manifolds.shape_paths`):
 
 - ``length``: the Euclidean length ``int_0^1 |u_t| dt`` of the horizontal path in the
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
+from grassflow.manifolds.alignment import align_pairs, assignment, orthogonal_cost
 from grassflow.manifolds.shape_paths import GEOMETRIES, shape_path
 from grassflow.manifolds.shape_space import helmert_basis
-from grassflow.training.shape_matching import _assignment, align, orthogonal_cost
 from grassflow_paper.enf_protocol import load_enf_splits
 
 
@@ -46,9 +46,9 @@ def pairs(train: torch.Tensor, batches: int, B: int, seed: int) -> tuple[torch.T
     for _ in range(batches):
         x1 = x[torch.randint(0, len(x), (B,), generator=g)]
         x0 = H @ (sigma * torch.randn(B, n - 1, d, generator=g, dtype=x.dtype))
-        x0 = x0[_assignment(orthogonal_cost(x0, x1))]
+        x0 = x0[assignment(orthogonal_cost(x0, x1)).argsort()]
         out0.append(x0)
-        out1.append(align(x0, x1))
+        out1.append(align_pairs(x0, x1))
     return torch.cat(out0), torch.cat(out1)
 
 

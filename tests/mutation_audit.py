@@ -96,16 +96,21 @@ MUTATIONS = {
         "if not torch.isnan(lp).any():", ["tests/test_shape_flow.py"]),
     "CFM: equivariant OT aligns but drops the minibatch assignment": (
         "grassflow/training/shape_matching.py",
-        "            x0 = x0[_assignment(orthogonal_cost(x0, x1))]\n            x1 = align(",
-        "            x1 = align(", ["tests/test_shape_flow.py"]),
+        "            x0 = x0[assignment(orthogonal_cost(x0, x1)).argsort()]\n"
+        "            x1 = align_pairs(",
+        "            x1 = align_pairs(", ["tests/test_shape_flow.py"]),
+    "CFM: equivariant OT pairs the x1 of each x0 (the assignment not inverted)": (
+        "grassflow/training/shape_matching.py",
+        "x0 = x0[assignment(orthogonal_cost(x0, x1)).argsort()]",
+        "x0 = x0[assignment(orthogonal_cost(x0, x1))]", ["tests/test_shape_flow.py"]),
     "CFM: the flow-matching path reversed": (
         "grassflow/manifolds/shape_paths.py", "return (1 - tt) * x0 + tt * x1, x1 - x0",
         "return tt * x0 + (1 - tt) * x1, x1 - x0", ["tests/test_shape_flow.py"]),
     "alignment: Kabsch allows reflections under reflections=False": (
-        "grassflow/metrics/alignment.py",
-        "        if not reflections:\n            U[..., -1] *= np.sign(np.linalg.det(U @ Vt))",
-        "        if False:\n            U[..., -1] *= np.sign(np.linalg.det(U @ Vt))",
-        ["tests/test_molecules.py"]),
+        "grassflow/manifolds/alignment.py",
+        "    if not reflections:\n        sign = torch.sign",
+        "    if False:\n        sign = torch.sign",
+        ["tests/test_alignment.py"]),
     "bonds: matching refined across elements": (
         "grassflow/metrics/bonds.py", "perm = _refine(X[todo], perm, b, l0, groups, rounds)",
         "perm = _refine(X[todo], perm, b, l0, None, rounds)", ["tests/test_bonds.py"]),

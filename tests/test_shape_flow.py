@@ -1,5 +1,6 @@
 """The library's shape model (grassflow.flows.ShapeFlow; with geometry="cartesian", the EFM
-baseline): exact density, symmetries, normalization, CFM (grassflow.training.shape_matching)."""
+baseline): exact density, symmetries, normalization, CFM (grassflow.training.shape_matching;
+the alignment's own tests are test_alignment.py's)."""
 
 import itertools
 import math
@@ -9,16 +10,10 @@ import torch
 
 from conftest import mc_tolerance, random_orthogonal
 from grassflow.flows import ShapeFlow
+from grassflow.manifolds.alignment import procrustes
 from grassflow.nn.egnn import EGNNField
 from grassflow.training import TrainConfig, fit_shape_flow, load_shape_flow
-from grassflow.training.shape_matching import (
-    _assignment,
-    align,
-    cfm_losses,
-    cfm_objective,
-    orthogonal_cost,
-    procrustes,
-)
+from grassflow.training.shape_matching import cfm_losses, cfm_objective
 
 
 def _model(n=4, d=2, gain=0.1, **kw) -> ShapeFlow:
@@ -176,44 +171,6 @@ def test_a_default_model_scores_and_samples_float32_clouds():
 
 
 # ------------------------------------------------------------------ couplings
-
-
-def test_orthogonal_cost_is_the_procrustes_minimum():
-    # bug caught: svdvals of the wrong product, a rotation-only (det +1) minimum
-    X0, X1 = (torch.randn(5, 6, 3) for _ in range(2))
-    X0, X1 = X0 - X0.mean(1, keepdim=True), X1 - X1.mean(1, keepdim=True)
-    C = orthogonal_cost(X0, X1)
-    for a, b in itertools.product(range(5), range(5)):
-        R = procrustes(X0[a], X1[b])
-        torch.testing.assert_close(R.mT @ R, torch.eye(3))
-        assert C[a, b] == pytest.approx((X0[a] - X1[b] @ R).square().sum().item(), abs=1e-10)
-        for _ in range(3):  # no other orthogonal matrix does better
-            assert C[a, b] <= (X0[a] - X1[b] @ random_orthogonal(3)).square().sum() + 1e-10
-
-
-def test_assignment_minimizes_the_summed_cost():
-    # bug caught: returning the inverse permutation (pairs x0[p[i]] with the wrong x1)
-    C = torch.rand(5, 5)
-    p = _assignment(C)
-    best = min(sum(C[q[i], i].item() for i in range(5)) for q in itertools.permutations(range(5)))
-    assert sum(C[p[i], i].item() for i in range(5)) == pytest.approx(best)
-
-
-def test_align_relabels_and_rotates_without_distorting():
-    # bug caught: an alignment that changes the shape (a non-orthogonal map, duplicated points),
-    # or a relabelling applied backwards, which moves x1 away from x0
-    x0 = torch.randn(16, 7, 3)
-    Q, perm = random_orthogonal(3), torch.randperm(7)
-    x1 = (x0 @ Q)[:, perm] + 0.3 * torch.randn(16, 7, 3)
-    x0, x1 = x0 - x0.mean(1, keepdim=True), x1 - x1.mean(1, keepdim=True)
-    y = align(x0, x1)
-    d = lambda X: torch.cdist(X, X).flatten(1).sort(1).values
-    torch.testing.assert_close(d(y), d(x1))
-    rotated = (x0 - x1 @ procrustes(x0, x1)).square().sum((1, 2))  # rotation alone
-    assert ((y - x0).square().sum((1, 2)) <= rotated + 1e-9).all()
-    # from the principal-axis starts it finds the labels and the rotation of a noisy copy:
-    # what is left is about the noise (0.3^2 per coordinate, 21 coordinates)
-    assert (y - x0).square().sum((1, 2)).median() < 0.3**2 * 21
 
 
 def test_equivariant_ot_lowers_the_regression_target():
@@ -470,21 +427,11 @@ def test_labelled_state_dict_round_trip_and_bad_labels():
         EGNNField(6, 3, labels=LABELS, n_labels=5)
 
 
-def test_labelled_align_swaps_only_points_of_equal_labels(monkeypatch):
-    # bug caught: the equivariant-OT coupling relabelling a data cloud across elements (its
-    # O would become an H: the regression target would be another molecule)
-    x0 = torch.randn(8, 6, 3)
-    x0 = x0 - x0.mean(1, keepdim=True)
-    cross = torch.tensor([5, 2, 1, 4, 3, 0])  # every point moves to another label's slot
-    x1 = x0[:, cross] @ random_orthogonal(3)
-    group_shape = lambda X, g: torch.cdist(X[:, g], X[:, g]).flatten(1).sort(1).values
-    y, y_plain = align(x0, x1, labels=LABELS), align(x0, x1)
-    for v in LABELS.unique():
-        g = (LABELS == v).nonzero().flatten()
-        torch.testing.assert_close(group_shape(y, g), group_shape(x1, g))
-    assert (y_plain - x0).square().sum() < 1e-12 < (y - x0).square().sum()  # power
+def test_equivariant_ot_aligns_within_the_models_labels(monkeypatch):
+    # bug caught: the equivariant-OT coupling relabelling a labelled model's data clouds
+    # across elements (`align_pairs` without the labels; its own test: test_alignment.py)
     seen = {}
-    monkeypatch.setattr("grassflow.training.shape_matching.align",
+    monkeypatch.setattr("grassflow.training.shape_matching.align_pairs",
                         lambda a, b, **kw: seen.update(kw) or b)  # fmt: skip
     cfm_objective(_model(6, 3, labels=LABELS), torch.randn(4, 6, 3))
     assert torch.equal(seen["labels"], LABELS)

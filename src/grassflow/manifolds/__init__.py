@@ -1,5 +1,6 @@
-"""Manifold geometry: Gr(k, D) with orthonormal representatives ``(..., D, k)``, and point
-clouds as spans (`shape_space`)."""
+"""Manifold geometry: Gr(k, D) with orthonormal representatives ``(..., D, k)``, point
+clouds as spans (`shape_space`), the flow-matching paths between clouds (`shape_paths`) and
+clouds aligned without atom correspondence (`alignment`)."""
 
 from .grassmann import Grassmann, orthonormality_error
 from .shape_space import (

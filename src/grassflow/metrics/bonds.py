@@ -3,14 +3,14 @@
 A shape model trained with element labels treats atoms of the same element as exchangeable,
 so a generated molecule's atom order within an element is arbitrary: before its bonds can be
 measured, its atoms are matched to the molecule's by label-restricted alignment
-(`grassflow.metrics.alignment.align` with ``labels``) onto reference conformers.
+(`grassflow.manifolds.alignment.superpose` with ``labels``) onto reference conformers.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .alignment import align_batch, assign_within_labels, label_groups
+from ..manifolds.alignment import assignment, label_groups, superpose_batch
 
 __all__ = ["bond_lengths", "bonds_kept", "bonds_kept_fraction"]
 
@@ -63,7 +63,7 @@ def _refine(X, perm, b, l0, groups, rounds) -> np.ndarray:
         for (p, q), length in zip(b, l0):  # slot p pays for its bond to q's match, q for p's
             cost[:, p] += (d[:, :, q] / length - 1) ** 2
             cost[:, q] += (d[:, :, p] / length - 1) ** 2
-        new = np.stack([assign_within_labels(c, groups) for c in cost])
+        new = np.stack([assignment(c, groups) for c in cost])
         if (new == perm).all():
             break
         perm = new
@@ -133,7 +133,7 @@ def bonds_kept(
             break
         # starts: the 8 sign choices of the principal axes (reflections included); more
         # references help more than the 48 axis permutations, at a sixth of the cost
-        perm = align_batch(A - A.mean(0), Xc[todo], True, 0, 0, rounds, False, labels)[0]
+        perm = superpose_batch(A - A.mean(0), Xc[todo], True, 0, 0, rounds, False, labels)[0]
         perm = _refine(X[todo], perm, b, l0, groups, rounds)
         matched = np.take_along_axis(X[todo], perm[..., None], 1)  # row i: atom i's match
         kept[todo] = (np.abs(bond_lengths(matched, b) / l0 - 1) <= tol).all(1)

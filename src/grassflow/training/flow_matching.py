@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..manifolds import Grassmann
+from ..manifolds.alignment import assignment
 
 __all__ = ["COUPLINGS", "flow_matching_losses", "flow_matching_objective", "ot_pairing"]
 
@@ -40,18 +41,11 @@ def ot_pairing(manifold: Grassmann, Y0: Tensor, Y1: Tensor) -> Tensor:
     Returns:
         ``(B,)`` long indices into ``Y0``.
     """
-    try:
-        from scipy.optimize import linear_sum_assignment
-    except ImportError as err:  # pragma: no cover - scipy is a dependency
-        raise ImportError("coupling='ot' needs scipy: pip install scipy") from err
     with torch.no_grad():
         # theta = arccos(singular values of Y0^T Y1): the cost needs no principal vectors
         cos = torch.linalg.svdvals(Y0.unsqueeze(1).mT @ Y1.unsqueeze(0))  # (B0, B1, k)
         cost = cos.clamp(max=1.0).acos().square().sum(dim=-1)
-    rows, cols = linear_sum_assignment(cost.cpu().numpy())
-    perm = torch.empty(len(cols), dtype=torch.long)
-    perm[torch.as_tensor(cols)] = torch.as_tensor(rows)
-    return perm.to(Y0.device)
+    return assignment(cost).argsort()  # the Y0 of each Y1
 
 
 def flow_matching_losses(model: nn.Module, Y0: Tensor, Y1: Tensor, s: Tensor) -> Tensor:

@@ -1,6 +1,7 @@
 """The paper's Figure 5 for QM9: generated molecules beside their nearest training molecules.
 
-The alignment and the nearest-neighbour search are in `grassflow.metrics.alignment`.
+The alignment is `grassflow.manifolds.alignment.superpose`; the nearest-neighbour search is
+`grassflow.metrics.nearest`.
 
 References:
     Yataka, Hirashima, Shiraishi. Grassmann Manifold Flows for Stable Shape Generation
@@ -16,7 +17,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from mpl_toolkits.mplot3d.art3d import Line3DCollection
 
-from ..metrics.alignment import align, as_molecule_batch, nearest
+from ..manifolds.alignment import superpose
+from ..metrics.nearest import as_molecule_batch, nearest
 
 __all__ = ["plot_nearest", "plot_side_by_side"]
 
@@ -64,7 +66,7 @@ def plot_nearest(
     (atoms closer than ``bond_cutoff``), since the generator does not model atom types;
     generated atoms are drawn in one colour, training atoms by element if ``charges`` is
     given. Both panels of a row share the view and the axis limits, and the training
-    molecule is superposed onto the generated one with `align`.
+    molecule is superposed onto the generated one with `superpose`.
 
     Args:
         X (ArrayLike): generated molecules, shape=[M, n_atoms, 3] (Å), ``M >= n``.
@@ -78,7 +80,7 @@ def plot_nearest(
         bond_cutoff: bond length threshold (Å).
         elev: camera elevation in degrees.
         azim: camera azimuth in degrees.
-        **nearest_kwargs: passed to `nearest` (and on to `align`).
+        **nearest_kwargs: passed to `nearest` (and on to `superpose`).
 
     Returns:
         ``idx``: int64 shape=[n], the training rows drawn; ``rmsd``: float64 shape=[n] (Å).
@@ -101,7 +103,7 @@ def plot_nearest(
     rmsds = np.empty(n)
     for r, (x, j) in enumerate(zip(X, idx)):
         x = x - x.mean(0)
-        t, perm, rmsds[r] = align(x, T[j], **align_kwargs)
+        t, perm, rmsds[r] = superpose(x, T[j], **align_kwargs)
         tc = "tab:orange" if charges is None else [
             _ELEMENT_COLOURS.get(int(z), "tab:purple") for z in np.asarray(charges[j])[perm]
         ]  # fmt: skip
