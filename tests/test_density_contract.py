@@ -3,8 +3,9 @@
 Each case is a model whose parameters move mass (a flow left at its near-zero
 initialization would pass a normalization test with a wrong divergence), with its space:
 a normalized proposal there, the symmetries its density must not see, and bad inputs.
-The cases: a GrCNF on Gr(2, 4), and the shape model trained on each geometry's paths on
-clouds of n = 5 > d + 2 points in the plane.
+The cases: a GrCNF on Gr(2, 4), the shape model trained on each geometry's paths on clouds
+of n = 5 > d + 2 points in the plane, and the paper's two-part model (normalized by its own
+proposals in tests/test_two_part.py).
 
 Monte Carlo tolerances are 4 standard errors of the mean; each test asserts its power (a
 normalizer 15 % off is outside the tolerance).
@@ -39,6 +40,7 @@ class Case:
     reference: Callable  # x -> log-density of the model's prior (the power guard)
     n_mc: int = N_MC  # Monte Carlo draws
     moves: float = 1.0  # the least mean |log p - log p_prior| under q (the power guard)
+    normalized_elsewhere: str | None = None  # where a model's own normalization test lives
 
 
 def _grcnf_case() -> Case:
@@ -115,8 +117,40 @@ def _shape_case(geometry: str) -> Case:
                 lambda x: model.prior_log_prob(model.helmert(x)))  # fmt: skip
 
 
+def _two_part_case() -> Case:
+    """The paper's two-part model (`grassflow_paper.two_part`), kept for its experiments."""
+    from test_two_part import make_model
+
+    torch.manual_seed(3)
+    model = make_model(5, 2).double()
+    H = model.H.to(F64)
+    x = model.sample(2000, torch.Generator().manual_seed(7))
+    sigma, dim = (H.mT @ x).square().mean().sqrt().item(), 8
+
+    def log_gauss(x, scale):
+        z = model.helmert(x)
+        s = scale * sigma
+        return -0.5 * dim * math.log(2 * math.pi * s**2) - z.square().sum((1, 2)) / (2 * s**2)
+
+    def proposal(N, gen, scale):
+        x = H @ (scale * sigma * torch.randn(N, 4, 2, generator=gen, dtype=F64))
+        return x, log_gauss(x, scale)
+
+    def symmetries(x):
+        Q, perm = random_orthogonal(2).to(F64), torch.randperm(5)
+        return [(x @ Q)[:, perm] + 3.0]
+
+    x = x[:3]
+    bad = [(x[:, :4], r"\(B, 5, 2\)"), (x.float(), "float32"),
+           (torch.full_like(x, float("nan")), "finite")]  # fmt: skip
+    return Case(model, proposal, log_gauss, symmetries, bad, lambda x: log_gauss(x, 1.0),
+                normalized_elsewhere="its own proposals: tests/test_two_part.py::"
+                "test_normalized_for_n_above_d_plus_2 (n = 5 > d + 2)")  # fmt: skip
+
+
 CASES = {
     "grcnf": _grcnf_case,
+    "two-part": _two_part_case,
     "shape-cartesian": lambda: _shape_case("cartesian"),
     "shape-grassmann": lambda: _shape_case("grassmann"),
 }
@@ -138,6 +172,8 @@ def test_integrates_to_one(case):
     """Catches any error in the change of variables (the divergence's sign, time scale or
     trace; the prior's normalizer): E_q[p / q] = 1 for a normalized proposal q a
     little broader than the prior."""
+    if case.normalized_elsewhere:
+        pytest.skip(f"a Gaussian proposal has no power here; see {case.normalized_elsewhere}")
     x, log_q = case.proposal(case.n_mc, torch.Generator().manual_seed(3), 1.05)
     with torch.no_grad():
         lp = case.model.log_prob(x)
