@@ -460,3 +460,27 @@ def test_train_labelled_data_with_the_baseline_reloads_its_labels(tmp_path):
     old = json.loads((tmp_path / "run" / "experiment.json").read_text())
     del old["efm_labels"], old["kind"]  # as a preset saved before either
     assert shapes.build_model(shapes.ShapeExperiment.from_dict(old)).labels is None
+
+
+def test_train_data_geometry_reaches_the_paths_and_the_preset(tmp_path, monkeypatch):
+    # bug caught: --geometry parsed but not stored, or stored but the flow matching still on
+    # straight lines (the model's config and the objective disagree)
+    import json
+
+    import numpy as np
+
+    from grassflow.cli import main
+    from grassflow.training import shape_matching
+
+    seen = []
+    real = shape_matching.shape_path
+    monkeypatch.setattr(shape_matching, "shape_path",
+                        lambda g, *a: seen.append(g) or real(g, *a))  # fmt: skip
+    rng = np.random.default_rng(1)
+    np.save(tmp_path / "c.npy", rng.standard_normal((40, 5, 2)))
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(tmp_path / "c.npy"), "--geometry", "grassmann",
+                 "--run-dir", str(run), "--iterations", "2", "--no-eval", "--val-every", "end",
+                 "--no-progress"]) == 0  # fmt: skip
+    assert json.loads((run / "experiment.json").read_text())["geometry"] == "grassmann"
+    assert seen and set(seen) == {"grassmann"}

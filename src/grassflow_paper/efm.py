@@ -44,6 +44,7 @@ from grassflow.training.rng import seeded_init
 from .enf_protocol import SHAPES, data_dir_of, eval_summary, load_enf_splits
 
 SYSTEMS = {**SHAPES, "qm9": (19, 3), "lj55": (55, 3)}  # QM9 positional: E-NF's split
+_DEFAULTS = ShapeFlowConfig(2, 1)  # the model's defaults (EGNN, coupling, geometry)
 LJ55_SPLIT = (250, 125, 125)  # chains of `grassflow data make lj55` in train, val and test
 # preset fields added after runs were made: the value those runs had without saying so
 ADDED_FIELDS = {"coupling": "equivariant-ot", "geometry": "cartesian"}
@@ -86,14 +87,14 @@ class EFMExperiment:
     seed: int = 0
     minutes: float = 7.0
     tol: float = 1e-4
-    hidden: int = 32
-    layers: int = 3
-    attention: bool = True
-    coord_range: float = 10.0
+    hidden: int = _DEFAULTS.hidden
+    layers: int = _DEFAULTS.layers
+    attention: bool = _DEFAULTS.attention
+    coord_range: float = _DEFAULTS.coord_range
     lr: float = 1e-3
     batch_size: int = 64
-    coupling: str = "equivariant-ot"
-    geometry: str = "cartesian"
+    coupling: str = _DEFAULTS.coupling
+    geometry: str = _DEFAULTS.geometry
     dtype: str = "float32"
     n_val: int = 100
     val_every_minutes: float | None = 2.0

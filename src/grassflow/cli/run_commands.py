@@ -66,7 +66,8 @@ def _shape_experiment(args):
             "iterations": args.iterations, "clock": args.clock, "batch_size": args.batch_size,
             "lr": args.lr, "grad_clip": args.grad_clip, "seed": args.seed,
             "device": args.device}  # fmt: skip
-    exp = shapes.ShapeExperiment(data=args.data, key=args.key, model=args.model)
+    exp = shapes.ShapeExperiment(data=args.data, key=args.key, model=args.model,
+                                 geometry=args.geometry)  # fmt: skip
     if args.split is not None:  # (val, test) fractions; the default stays the preset's
         exp = dataclasses.replace(exp, val_fraction=args.split[0], test_fraction=args.split[1])
     changes = {k: getattr(args, k) for k in ("atol", "rtol") if getattr(args, k) is not None}
@@ -236,6 +237,10 @@ def add_commands(sub) -> None:
     g.add_argument("--no-eval", action="store_true",
                    help="skip the final test evaluation (by default it runs within --minutes, "
                         "announced with its estimated cost)")  # fmt: skip
+    g.add_argument("--geometry", default="cartesian", choices=("cartesian", "grassmann"),
+                   help="of the flow-matching paths: straight lines between aligned clouds "
+                        "(default, the measured winner: docs/experiments/shapes.md) or the "
+                        "Grassmann bundle (span and in-span metric on their own geodesics)")
     g.add_argument("--model", default="equivariant-cnf", choices=("equivariant-cnf",),
                    help="the shape model: equivariant-cnf (the only one), an EGNN velocity "
                         "field on the CoM-free cloud trained by flow matching; the two-part "

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from ..data.point_clouds import element_symbol, labels_path, load_point_clouds, save_clouds
-from ..flows import ShapeFlow
+from ..flows import ShapeFlow, ShapeFlowConfig
+from ..manifolds.shape_paths import GEOMETRIES
 from ..metrics import histogram, jsd
 from ..training import CFM_COUPLINGS, TrainConfig, checkpoint_path, fit_shape_flow, load_shape_flow
 from ..training.checkpoint import write_json
@@ -46,6 +47,7 @@ __all__ = [
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
+_DEFAULTS = ShapeFlowConfig(2, 1)  # the model's defaults (hidden, layers), in one place
 
 MODELS = ("equivariant-cnf",)
 REMOVED_MODELS = {"shapeflow": "3531f93"}
@@ -53,7 +55,7 @@ REMOVED_MODELS = {"shapeflow": "3531f93"}
 two-part ShapeFlow (GrCNF on the spans + Gram density), removed in issue 34."""
 # preset fields added after runs were made: the value those runs had without saying so
 # (a preset without ``model`` is a two-part ShapeFlow run's)
-ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot"}
+ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot", "geometry": "cartesian"}
 # preset fields of the removed two-part model: a baseline run's saved values of them are ignored
 REMOVED_FIELDS = ("potential", "prior", "objective", "gram", "gram_density", "gram_components")
 
@@ -101,7 +103,10 @@ class ShapeExperiment:
             EFM model, `ShapeFlow` with the Cartesian geometry), trained by flow matching
             with ``coupling``. ``"shapeflow"``, the removed two-part model (and a saved
             preset without ``model``, which meant it), is refused: see `REMOVED_MODELS`.
-        hidden, layers: its EGNN's width and message-passing layers (default 32 and 3).
+        geometry: of the flow-matching paths, ``"cartesian"`` (default: the measured
+            winner, issue 34) or ``"grassmann"`` (`ShapeFlowConfig`).
+        hidden, layers: its EGNN's width and message-passing layers (default
+            `ShapeFlowConfig`'s, 32 and 3).
         atol, rtol: ODE tolerances of every evaluation (validation, test NLL, sampling).
         chunk_size: clouds per exact-divergence solve (bounds the memory of evaluation).
         val_fraction, test_fraction, split_seed: the random split of the usable clouds: the
@@ -135,6 +140,7 @@ class ShapeExperiment:
     labels: tuple[int, ...] | None = None
     coupling: str = "equivariant-ot"
     efm_labels: bool | None = None
+    geometry: str = "cartesian"
 
     def __post_init__(self):
         refuse_removed_model(self.model)
@@ -142,8 +148,10 @@ class ShapeExperiment:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.coupling not in CFM_COUPLINGS:
             raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {self.coupling!r}")
+        if self.geometry not in GEOMETRIES:
+            raise ValueError(f"geometry must be one of {GEOMETRIES}, got {self.geometry!r}")
         if self.layers is None:  # resolved, so that the saved preset says what was trained
-            self.layers = 3
+            self.layers = _DEFAULTS.layers
         if not (0 < self.val_fraction < 1 and 0 < self.test_fraction < 1
                 and self.val_fraction + self.test_fraction < 1):  # fmt: skip
             raise ValueError(f"the split's val and test fractions must each be in (0, 1) with "
@@ -230,11 +238,14 @@ def _formula(labels) -> str:
 
 def build_model(exp: ShapeExperiment) -> ShapeFlow:
     """The model of ``exp`` (``n_points`` and ``dim`` resolved), float64."""
-    labels = None if exp.labels is None or not exp.efm_labels else torch.tensor(exp.labels)
+    labels = None if exp.labels is None or not exp.efm_labels else exp.labels
+    config = ShapeFlowConfig(
+        exp.n_points, exp.dim, geometry=exp.geometry, coupling=exp.coupling,
+        hidden=exp.hidden or _DEFAULTS.hidden, layers=exp.layers, atol=exp.atol, rtol=exp.rtol,
+        chunk_size=exp.chunk_size, labels=labels,
+    )  # fmt: skip
     with seeded_init(exp.flow.seed):
-        return ShapeFlow(exp.n_points, exp.dim, hidden=exp.hidden or 32, layers=exp.layers,
-                         atol=exp.atol, rtol=exp.rtol, chunk_size=exp.chunk_size,
-                         labels=labels).double()  # fmt: skip
+        return ShapeFlow.from_config(config).double()
 
 
 def run(
