@@ -71,3 +71,13 @@ def test_lj55_splits_keep_whole_chains_apart(tmp_path):
         load_lj55_splits(a * states + 1, str(tmp_path))
     with pytest.raises(FileNotFoundError, match="grassflow data make lj55"):
         load_lj55_splits(10, str(tmp_path / "missing"))
+
+
+def test_data_make_lj55_writes_the_file_the_splits_read(tmp_path):
+    # bug caught: `data make lj55` looking up a paper-protocol file name that LJ55 has not
+    from grassflow.cli import main
+
+    assert main(["data", "make", "lj55", "--n", "8", "--chains", "4", "--burn-in", "20",
+                 "--thin", "10", "--out", str(tmp_path), "--no-progress"]) == 0  # fmt: skip
+    X = np.load(tmp_path / "lj55.npy")
+    assert X.shape == (8, 165) and np.isfinite(X).all()

@@ -14,6 +14,7 @@ from grassflow.data.particles import (
     dw4_energy,
     get_system,
     lj13_energy,
+    lj55_energy,
     pair_distances,
 )
 
@@ -125,8 +126,10 @@ def test_systems_registry():
     assert get_system("DW4") is SYSTEMS["dw4"]
     lj = get_system("lj13")
     assert isinstance(lj, ParticleSystem) and (lj.n_particles, lj.dim, lj.flat_dim) == (13, 3, 39)
-    with pytest.raises(ValueError, match="dw4.*lj13"):
-        get_system("lj55")
+    lj55 = get_system("lj55")
+    assert (lj55.n_particles, lj55.dim, lj55.energy) == (55, 3, lj55_energy)
+    with pytest.raises(ValueError, match="dw4.*lj13.*lj55"):
+        get_system("lj38")
 
 
 # ------------------------------------------------------------------ sampler

@@ -15,7 +15,9 @@ def cmd_data_make(args) -> None:
     from ..data.particle_files import SOURCE_FILES
 
     n = args.n or DATA_SIZES[args.system]
-    path = Path(args.out) / SOURCE_FILES["generated", args.system][0]
+    # LJ55 has no paper protocol (`particle_files`): its file is read by vs-enf's splits
+    name = SOURCE_FILES.get(("generated", args.system), (f"{args.system}.npy",))[0]
+    path = Path(args.out) / name
     if path.exists() and not args.overwrite:
         raise FileExistsError(f"{path} exists; pass --overwrite to replace it")
     X, stats = mcmc.make_dataset(

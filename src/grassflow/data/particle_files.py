@@ -40,7 +40,7 @@ __all__ = ["SOURCES", "SOURCE_FILES", "load_splits", "missing_files", "shared_da
 SOURCES: tuple[str, ...] = ("enf", "klein", "generated")
 
 # (particles n, spatial dimension d); kept here so this module stands alone
-_SHAPES: dict[str, tuple[int, int]] = {"dw4": (4, 2), "lj13": (13, 3), "lj55": (55, 3)}
+_SHAPES: dict[str, tuple[int, int]] = {"dw4": (4, 2), "lj13": (13, 3)}
 
 SOURCE_FILES: dict[tuple[str, str], tuple[str, ...]] = {
     ("enf", "dw4"): ("dw4-dataidx.npy",),
@@ -49,7 +49,6 @@ SOURCE_FILES: dict[tuple[str, str], tuple[str, ...]] = {
     ("klein", "lj13"): ("val_split_LJ13-1000.npy", "test_split_LJ13-1000.npy"),
     ("generated", "dw4"): ("dw4.npy",),
     ("generated", "lj13"): ("lj13.npy",),
-    ("generated", "lj55"): ("lj55.npy",),
 }
 
 
