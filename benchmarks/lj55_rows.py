@@ -4,7 +4,7 @@ Run: ``grassflow data make lj55 --out data`` (~10 CPU minutes), then
 ``PYTHONPATH=src python benchmarks/lj55_rows.py GEOMETRY [--minutes 20] [--n-test 40]
 [--seed 0] [--data-dir data] [--runs runs/lj55] [--out results]`` (one thread).
 
-The exact likelihood of one LJ55 configuration costs ~21 CPU s (162 forward-mode products
+The exact likelihood of one LJ55 configuration costs ~26 CPU s (162 forward-mode products
 through a 55-point EGNN per function evaluation, ~40 evaluations), so the run validates on one
 configuration at the end, solves one configuration at a time (the exact divergence of
 more at once needs gigabytes), and scores a seeded ``--n-test`` of the 500 test
