@@ -57,7 +57,7 @@ def label_groups(labels, n: int) -> list[np.ndarray] | None:
     return [np.flatnonzero(L == v) for v in np.unique(L)]
 
 
-def assignment(cost, groups: list[np.ndarray] | None = None):
+def assignment(cost, groups: list[np.ndarray] | None = None) -> Tensor | np.ndarray:
     """The permutation ``perm`` minimizing ``sum_i cost[i, perm[i]]`` (Hungarian, exact).
 
     With ``groups`` (`label_groups`), ``perm`` maps every group onto itself: one solve per
@@ -68,7 +68,7 @@ def assignment(cost, groups: list[np.ndarray] | None = None):
         groups: index arrays partitioning range(n), or None.
 
     Returns:
-        ``perm``: int64, shape=[n]; a tensor on ``cost``'s device if ``cost`` is one.
+        The int64 permutation, shape [n]; a tensor on ``cost``'s device if ``cost`` is one.
     """
     if isinstance(cost, Tensor):
         return torch.as_tensor(assignment(cost.detach().cpu().numpy(), groups),
@@ -81,7 +81,7 @@ def assignment(cost, groups: list[np.ndarray] | None = None):
     return perm
 
 
-def procrustes(A, B, reflections: bool = True):
+def procrustes(A, B, reflections: bool = True) -> Tensor | np.ndarray:
     """The orthogonal ``R`` minimizing ``|A - B R|`` (Kabsch): ``R = U V^T`` for the SVD
     ``B^T A = U S V^T``; with ``reflections=False`` the best rotation (``det R = +1``).
 
@@ -91,7 +91,7 @@ def procrustes(A, B, reflections: bool = True):
         reflections: allow ``det R = -1``.
 
     Returns:
-        ``R``: shape=[..., d, d], of A's kind.
+        The orthogonal R, shape [..., d, d], of A's kind.
     """
     linalg = torch.linalg if isinstance(A, Tensor) else np.linalg
     U, _, Vh = linalg.svd(B.mT @ A)
