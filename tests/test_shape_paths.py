@@ -10,7 +10,9 @@ import torch
 from grassflow.manifolds import Grassmann
 from grassflow.manifolds.alignment import align_pairs, procrustes
 from grassflow.manifolds.shape_paths import (
+    RANK_TOL,
     bundle_path,
+    check_full_rank,
     horizontal_part,
     polar,
     shape_path,
@@ -172,3 +174,30 @@ def test_grassmann_objective_regresses_on_the_bundle_path():
     assert not math.isclose(losses["grassmann"].item(), losses["cartesian"].item(), rel_tol=1e-3)
     with pytest.raises(ValueError, match="geometry"):
         cfm_objective(model, batch, geometry="hyperbolic")
+
+
+def test_rank_deficient_clouds_are_refused_by_name(tmp_path):
+    """Catches a Grassmann path that silently regresses on a flat cloud's noise direction
+    (its polar factor divides by a near-zero eigenvalue) and a guard that refuses clouds
+    as anisotropic as QM9's (eigenvalue ratio >= 0.016)."""
+    from grassflow.flows import ShapeFlow
+    from grassflow.training import TrainConfig, fit_shape_flow
+
+    x0, x1 = _clouds(4, 6, 3, 21), _clouds(4, 6, 3, 22)
+    flat = x1.clone()
+    flat[2, :, 2] = 1e-5 * flat[2, :, 2]  # eigenvalue ratio ~1e-10: a planar molecule
+    with pytest.raises(ValueError, match=r"rank 3.*1 of 4.*\[2\].*cartesian"):
+        bundle_path(x0, flat, torch.full((4,), 0.5, dtype=F64))
+    straight_path(x0, flat, torch.full((4,), 0.5, dtype=F64))  # defined for any cloud
+    thin = x1.clone()
+    thin[:, :, 2] *= 0.1  # ratio ~1e-2 times the clouds' own: still a valid shape
+    lam = torch.linalg.eigvalsh(thin.mT @ thin)
+    assert (lam[:, 0] / lam[:, -1]).min() > 100 * RANK_TOL
+    check_full_rank(thin)
+    assert torch.isfinite(bundle_path(x0, thin, torch.rand(4, dtype=F64))[1]).all()
+    # training refuses before its first step, and writes nothing
+    model = ShapeFlow(6, 3, hidden=8, layers=1, geometry="grassmann").double()
+    with pytest.raises(ValueError, match="training clouds of rank 3"):
+        fit_shape_flow(model, flat, None, tmp_path / "run", TrainConfig(iterations=1),
+                       progress=False)  # fmt: skip
+    assert not (tmp_path / "run").exists()

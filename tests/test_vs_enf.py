@@ -376,3 +376,23 @@ def test_command_line_rebuilds_the_experiment():
     assert (args.gram_fraction, args.gram_max_minutes) == (0.3, 3.0)
     assert (args.n_val_flow, args.val_every_minutes) == (50, 3.0)
     assert exp.layers == 3 and vs_enf.ENFExperiment().layers == 2  # resolved per field
+
+
+@pytest.mark.parametrize("every", [None, 5.0])
+def test_efm_command_line_rebuilds_the_experiment(monkeypatch, tmp_path, every):
+    # catches: an EFM row whose "Made by" line drops the validation or the chunking it ran
+    # with (LJ55: one configuration, at the end only, solved one at a time), or a CLI that
+    # parses --n-val / --chunk-size / --val-every-minutes but does not pass them on
+    from grassflow.cli import build_parser
+    from grassflow_paper import efm
+
+    exp = efm.EFMExperiment(system="lj55", geometry="grassmann", n_val=1, chunk_size=1,
+                            val_every_minutes=every, minutes=20.0)  # fmt: skip
+    seen = {}
+    monkeypatch.setattr(vs_enf, "sweep", lambda *a, base, **kw: seen.setdefault("base", base))
+    (tmp_path / "vs_enf").mkdir()
+    (tmp_path / "vs_enf" / "lj55.md").write_text("")
+    args = build_parser().parse_args(exp.command().split()[1:] + ["--out", str(tmp_path)])
+    args.func(args)
+    assert seen["base"] == dataclasses.replace(exp, system="dw4", minutes=7.0, n_train=1000)
+    assert "--n-val" not in efm.EFMExperiment().command()  # defaults stay off the line

@@ -83,7 +83,8 @@ def cmd_reproduce_table2(args) -> None:
     print(qm9_report.markdown_table(result))
 
 
-_EFM_OPTIONS = ("hidden", "layers", "lr", "batch_size", "coupling", "geometry", "dtype")
+_EFM_OPTIONS = ("hidden", "layers", "lr", "batch_size", "coupling", "geometry", "dtype",
+                "n_val", "chunk_size")
 
 
 def cmd_reproduce_vs_enf(args) -> None:
@@ -91,6 +92,9 @@ def cmd_reproduce_vs_enf(args) -> None:
 
     options = {k: getattr(args, k) for k in _EFM_OPTIONS if getattr(args, k) is not None}
     if args.model == "equivariant-cnf":
+        if args.val_every_minutes is not None:  # inf: at the end only
+            every = args.val_every_minutes
+            options["val_every_minutes"] = None if every == float("inf") else every
         base = efm.EFMExperiment(tol=args.tol, data_dir=args.data_dir, **options)
     elif options:
         raise SystemExit(f"--{'/--'.join(k.replace('_', '-') for k in options)}: options of "
@@ -102,7 +106,8 @@ def cmd_reproduce_vs_enf(args) -> None:
                                     gram_fraction=args.gram_fraction,
                                     gram_max_minutes=args.gram_max_minutes,
                                     n_val_flow=args.n_val_flow,
-                                    val_every_minutes=args.val_every_minutes)  # fmt: skip
+                                    val_every_minutes=1.0 if args.val_every_minutes is None
+                                    else args.val_every_minutes)  # fmt: skip
     vs_enf.sweep(
         tuple(args.systems), tuple(args.n_train), tuple(args.seeds), args.minutes, args.runs,
         args.out, base=base, progress=not args.no_progress,
@@ -229,6 +234,12 @@ def add_commands(sub) -> None:
                            help="of the flow-matching paths: straight lines between aligned "
                                 "clouds (EFM's) or the Grassmann bundle (span x metric)")
     efm_group.add_argument("--dtype", choices=("float32", "float64"), help="of training")
+    efm_group.add_argument("--n-val", type=int,
+                           help="validation configurations of the exact NLL (default 100; "
+                                "LJ55: 1, since one costs ~26 CPU s)")  # fmt: skip
+    efm_group.add_argument("--chunk-size", type=int,
+                           help="configurations per exact-likelihood ODE solve (default 8; "
+                                "LJ55: 1, about 7.5 GB each)")  # fmt: skip
     p.add_argument("--gram", default="wishart", choices=tuple(GRAMS),
                    help="density of S given the span (the two-part model's gram)")
     p.add_argument("--gram-components", type=int, default=1,
@@ -239,8 +250,9 @@ def add_commands(sub) -> None:
     p.add_argument("--n-val-flow", type=int, default=200,
                    help="validation configurations of the flow's exact NLL (selects the best "
                         "checkpoint; not counted in the budget)")  # fmt: skip
-    p.add_argument("--val-every-minutes", type=float, default=1.0,
-                   help="training CPU minutes between validations")
+    p.add_argument("--val-every-minutes", type=float,
+                   help="training CPU minutes between validations (default: 1 for the "
+                        "two-part model, 2 for equivariant-cnf; inf: at the end only)")
     p.add_argument("--data-dir", help="the Klein et al. files (default: "
                                       "../shared/data/alt_klein2023_from_DEM)")  # fmt: skip
     p.add_argument("--runs", default="runs/vs_enf")

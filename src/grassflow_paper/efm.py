@@ -131,7 +131,17 @@ class EFMExperiment:
                 f"--hidden {self.hidden} --layers {self.layers} --lr {self.lr:g} "
                 f"--batch-size {self.batch_size} --coupling {self.coupling} "
                 f"--geometry {self.geometry} "
-                f"--tol {self.tol:g}")  # fmt: skip
+                f"--tol {self.tol:g}" + self._validation_options())  # fmt: skip
+
+    def _validation_options(self) -> str:
+        default, out = EFMExperiment(), ""
+        for name in ("n_val", "chunk_size"):
+            if getattr(self, name) != getattr(default, name):
+                out += f" --{name.replace('_', '-')} {getattr(self, name)}"
+        if self.val_every_minutes != default.val_every_minutes:
+            every = self.val_every_minutes
+            out += f" --val-every-minutes {'inf' if every is None else f'{every:g}'}"
+        return out
 
     def config(self) -> TrainConfig:
         return TrainConfig(

@@ -31,10 +31,14 @@ from torch import Tensor
 
 from .grassmann import Grassmann
 
-__all__ = ["GEOMETRIES", "bundle_path", "horizontal_part", "polar", "shape_path",
-           "straight_path"]  # fmt: skip
+__all__ = ["GEOMETRIES", "RANK_TOL", "bundle_path", "check_full_rank", "horizontal_part",
+           "polar", "shape_path", "straight_path"]  # fmt: skip
 
 GEOMETRIES = ("cartesian", "grassmann")
+# Smallest over largest eigenvalue of x^T x below which a cloud counts as rank-deficient for
+# the Grassmann path: its span's last direction is then noise and the metric's geodesic to
+# a near-zero eigenvalue has a velocity ~ log(ratio). QM9's 19-atom molecules are >= 0.016.
+RANK_TOL = 1e-6
 
 
 def _sym_eig_fn(G: Tensor, fn) -> Tensor:
@@ -47,6 +51,23 @@ def polar(x: Tensor) -> tuple[Tensor, Tensor]:
     ``(..., d, d)``, for clouds ``x: (..., n, d)`` of rank d."""
     G = x.mT @ x
     return x @ _sym_eig_fn(G, torch.rsqrt), G
+
+
+def check_full_rank(x: Tensor, what: str = "clouds", tol: float = RANK_TOL) -> None:
+    """Raise a ValueError naming the rank-deficient clouds of ``x: (..., n, d)`` (linear or
+    planar in 3-D, e.g. flat molecules): those whose ``x^T x`` (after centring) has an
+    eigenvalue ratio below ``tol``. The Grassmann geometry needs every cloud of rank d."""
+    x = x.detach().double()
+    x = x - x.mean(-2, keepdim=True)
+    lam = torch.linalg.eigvalsh(x.mT @ x)
+    bad = (lam[..., 0] <= tol * lam[..., -1]).flatten()
+    if bad.any():
+        idx = bad.nonzero().flatten()
+        raise ValueError(
+            f"the Grassmann geometry needs {what} of rank {x.shape[-1]}, but {len(idx)} of "
+            f"{bad.numel()} are rank-deficient (flat or linear; first at index "
+            f"{idx[:5].tolist()}): use geometry='cartesian', which is defined for any cloud"
+        )
 
 
 def horizontal_part(x: Tensor, u: Tensor) -> Tensor:
@@ -70,7 +91,9 @@ def straight_path(x0: Tensor, x1: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
 def bundle_path(x0: Tensor, x1: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
     """The Grassmann-bundle path from ``x0`` to ``[x1]`` at times ``t: (...)``: ``x_t``
     ``(..., n, d)`` and its horizontal velocity. ``x_0 = x0``; ``x_1 x_1^T = x1 x1^T``.
-    Computed in float64 (d x d eigen-decompositions), returned in x0's dtype."""
+    Computed in float64 (d x d eigen-decompositions), returned in x0's dtype. Raises a
+    ValueError if a data cloud ``x1`` is rank-deficient (`check_full_rank`)."""
+    check_full_rank(x1, "data clouds")
     dtype = x0.dtype
     x0, x1, t = x0.double(), x1.double(), t.double()
     Y0, G0 = polar(x0)

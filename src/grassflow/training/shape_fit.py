@@ -9,7 +9,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ..flows.shape_flow import ShapeFlow
-from ..manifolds.shape_paths import GEOMETRIES
+from ..manifolds.shape_paths import GEOMETRIES, check_full_rank
 from .checkpoint import load_checkpoint
 from .config import TrainConfig
 from .loop import train
@@ -51,6 +51,8 @@ def fit_shape_flow(
         raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {coupling!r}")
     if geometry not in GEOMETRIES:
         raise ValueError(f"geometry must be one of {GEOMETRIES}, got {geometry!r}")
+    if geometry == "grassmann":  # fail before training, not at the first bad batch
+        check_full_rank(train_clouds, "training clouds")
     model.fit_prior(train_clouds)
     objective = functools.partial(cfm_objective, coupling=coupling, geometry=geometry)
     return train(model, train_clouds, config, run_dir, val_data=val_clouds, objective=objective,
