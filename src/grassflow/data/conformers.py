@@ -9,7 +9,7 @@ a uniform angle (torsions hop between minima, which small Cartesian steps would 
 do). Both kernels leave the target invariant; MALA step sizes adapt during burn-in only.
 `grassflow.data.mcmc.sample_mcmc` is not reused: its energies are torch functions and it
 has no torsion moves. `save_ensemble` / `load_ensemble` cache an ensemble as an
-``.npz`` that `load_point_clouds` reads too.
+``.npz`` that `load_point_clouds` reads too, bonds, orders and molblock included.
 
 RDKit is optional: ``pip install "grassflow[molecules]"``.
 
@@ -258,22 +258,40 @@ def conformer_ensemble(
 
 
 def save_ensemble(path: str | os.PathLike, ens: ConformerEnsemble) -> Path:
-    """Write ``ens`` as an ``.npz``: ``positions (N, n, 3)``, ``labels (n,)``, ``bonds
-    (B, 2)``, ``smiles`` and ``stats`` (JSON); parent folders are made. The file is also a
-    valid input of ``grassflow train --data``."""
+    """Write ``ens`` as an ``.npz``: ``positions (N, n, 3)``, ``labels (n,)`` and the same
+    ``atomic_numbers (n,)``, ``bonds (B, 2)``, ``bond_orders (B,)``, ``smiles``, ``molblock``
+    (of the first conformer) and ``stats`` (JSON); parent folders are made. Orders and
+    molblock missing from ``ens`` are made from its SMILES (RDKit), or left out of the file
+    without SMILES. The file is also a valid input of ``grassflow train --data``."""
+    from .molecule_files import bond_table, ensemble_chemistry
+
     path = Path(path)
     if path.suffix != ".npz":
         raise ValueError(f"{path}: an ensemble is saved as .npz")
+    bonds, orders = bond_table(ens.bonds, ens.positions.shape[1], str(path), ens.bond_orders)
+    molblock, chem = ens.molblock, {}
+    if (orders is None or molblock is None) and ens.smiles:
+        try:  # orders in the canonical order of `bonds`
+            made = ensemble_chemistry(ens.smiles, ens.positions[0], ens.labels[0], bonds)
+            orders, molblock = made[0] if orders is None else orders, molblock or made[1]
+        except ImportError:  # without RDKit the file keeps the graph, not the orders
+            pass
+    if orders is not None:
+        chem["bond_orders"] = np.asarray(orders, dtype=np.float64)
+    if molblock is not None:
+        chem["molblock"] = np.array(molblock)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")  # no half-written cache if interrupted
-    np.savez(tmp, positions=ens.positions, labels=ens.labels[0], bonds=ens.bonds,
-             smiles=np.array(ens.smiles), stats=np.array(json.dumps(ens.stats)))  # fmt: skip
+    np.savez(tmp, positions=ens.positions, labels=ens.labels[0], atomic_numbers=ens.labels[0],
+             bonds=bonds, smiles=np.array(ens.smiles),
+             stats=np.array(json.dumps(ens.stats)), **chem)  # fmt: skip
     tmp.replace(path)
     return path
 
 
 def load_ensemble(path: str | os.PathLike) -> ConformerEnsemble:
-    """The ensemble written by `save_ensemble`."""
+    """The ensemble written by `save_ensemble` (files of earlier versions, without
+    ``bond_orders`` and ``molblock``, load with those None)."""
     path = Path(path)
     with np.load(path, allow_pickle=False) as z:
         missing = {"positions", "labels", "bonds", "smiles"} - set(z.files)
@@ -282,12 +300,15 @@ def load_ensemble(path: str | os.PathLike) -> ConformerEnsemble:
         P, labels, bonds = z["positions"], z["labels"], z["bonds"].astype(np.int64)
         smiles = str(z["smiles"])
         stats = json.loads(str(z["stats"])) if "stats" in z.files else {}
+        orders = z["bond_orders"].astype(np.float64) if "bond_orders" in z.files else None
+        molblock = str(z["molblock"]) if "molblock" in z.files else None
     if P.ndim != 3 or labels.shape != P.shape[1:2] or bonds.ndim != 2 or bonds.shape[1] != 2:
         raise ValueError(f"{path}: positions {P.shape}, labels {labels.shape} and bonds "
                          f"{bonds.shape} do not fit (N, n, 3), (n,), (B, 2)")  # fmt: skip
     return ConformerEnsemble(P, np.broadcast_to(labels, P.shape[:2]).copy(),
                              [f"{path.name}[{i}]" for i in range(len(P))], [], bonds=bonds,
-                             smiles=smiles, stats=stats, labels_from=f"{path}:labels")  # fmt: skip
+                             smiles=smiles, stats=stats, labels_from=f"{path}:labels",
+                             bond_orders=orders, molblock=molblock)  # fmt: skip
 
 
 def cached_ensemble(path: str | os.PathLike, smiles: str, n: int, **kwargs) -> ConformerEnsemble:

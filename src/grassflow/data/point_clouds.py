@@ -1,4 +1,5 @@
-"""Users' own point clouds (``.npy``, ``.npz``, ``.xyz``) for a shape model, and an xyz writer.
+"""Users' own point clouds (``.npy``, ``.npz``, ``.xyz``, ``.sdf``) for a shape model, and an
+xyz writer.
 
 A shape model is a density on centred clouds of ``n`` points in ``d`` dimensions; internally a
 cloud is a point of the com-free Grassmann Gr(d, n - 1), so every cloud needs ``n >= d + 2``
@@ -7,8 +8,14 @@ them (one shape, numeric, finite, enough points) and skips, with a note and one 
 rank-deficient ones (collinear points in 3-D, say). Positions are returned as read, not centred.
 
 Per-point labels (atom types, as atomic numbers) come from the element symbols of ``.xyz``
-frames, from a ``labels`` array in an ``.npz``, or, for ``shapes.npy``, from ``shapes_Z.npy``
-beside it; either ``(n,)`` (shared by all clouds) or ``(N, n)`` (per cloud).
+frames, from a ``labels`` (or ``atomic_numbers``) array in an ``.npz``, from the atoms of an
+``.sdf``, or, for ``shapes.npy``, from ``shapes_Z.npy`` beside it; either ``(n,)`` (shared by
+all clouds) or ``(N, n)`` (per cloud).
+
+Molecules keep their bonds: an ``.sdf`` (every record a conformer of one molecule) or an
+``.npz`` with ``bonds`` fills the chemistry fields of `PointClouds` (``bonds``,
+``bond_orders``, ``molblock``, ``smiles``); `grassflow.data.molecule_files` reads, checks and
+writes them.
 
 xyz frames are the standard ``count`` line, comment line, then ``count`` lines
 ``Symbol x y z [extra columns]``; the symbol may be an element (``C``, ``cl``), an atomic
@@ -19,6 +26,7 @@ any other integer as itself, so every integer label reads back as written.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
@@ -68,7 +76,13 @@ class PointClouds:
             or ``"shapes.npy[17]"``.
         skipped: human-readable lines, one per dropped cloud: its source and why.
         labels_from: where the labels came from (``"shapes_Z.npy"``, ``"shapes.npz:labels"``,
-            ``"xyz element symbols"``), or None.
+            ``"xyz element symbols"``, ``"sdf atoms"``), or None.
+        bonds: ``(B, 2)`` int64 atom index pairs ``i < j``, sorted, no duplicates, of the one
+            molecule all clouds are conformers of; None for clouds without a graph.
+        bond_orders: ``(B,)`` float64 orders 1, 2, 3 or 1.5 (aromatic), or None.
+        molblock: an MDL V2000 molblock of the first cloud (bonds, charges, explicit
+            hydrogens) from which RDKit rebuilds the molecule, or None.
+        smiles: the molecule's SMILES, or None.
     """
 
     positions: np.ndarray
@@ -76,18 +90,28 @@ class PointClouds:
     sources: list[str]
     skipped: list[str]
     labels_from: str | None = None
+    bonds: np.ndarray | None = None
+    bond_orders: np.ndarray | None = None
+    molblock: str | None = None
+    smiles: str | None = None
 
 
 def load_point_clouds(
     path: str | os.PathLike, *, key: str | None = None, rtol: float = 1e-6
 ) -> PointClouds:
-    """Read point clouds from a ``.npy``/``.npz``/``.xyz`` file or a folder of ``.xyz`` files.
+    """Read point clouds from a ``.npy``/``.npz``/``.xyz``/``.sdf`` file or a folder of ``.xyz``
+    files.
 
     Args:
         path: a ``.npy`` array ``(N, n, d)``, with optional labels in ``<stem>_Z.npy``
             beside it (``shapes.npy`` -> ``shapes_Z.npy``); a ``.npz`` with the array under
-            ``key``, or its only array, or under ``"positions"``, and optional labels under
-            ``"labels"``; a multi-frame ``.xyz`` file; or a folder whose ``.xyz`` files are
+            ``key``, or its only array, or under ``"positions"``, optional labels under
+            ``"labels"`` and/or ``"atomic_numbers"`` (the same thing; they must agree), and
+            optionally a molecule's ``"bonds"`` ``(B, 2)`` or ``(B, 3)`` (order third),
+            ``"bond_orders"`` ``(B,)``, ``"smiles"`` and ``"molblock"`` (0-d strings); a
+            multi-frame ``.xyz`` file; an ``.sdf`` (``.sd``, ``.mol``) whose records are
+            conformers of one molecule (needs RDKit, see
+            `grassflow.data.molecule_files.read_sdf`); or a folder whose ``.xyz`` files are
             read in name order. Labels are integers (atomic numbers for chemistry),
             ``(N, n)`` per cloud or ``(n,)`` shared by all clouds.
         key: the ``.npz`` entry holding the positions.
@@ -100,45 +124,77 @@ def load_point_clouds(
     Raises:
         FileNotFoundError: ``path`` does not exist.
         ValueError: unknown extension, no clouds, ragged or non-3-D shapes, non-numeric or
-            non-finite values, fewer than ``d + 2`` points, every cloud rank deficient, or
-            labels that are not integers or do not fit the clouds' shape.
+            non-finite values, fewer than ``d + 2`` points, every cloud rank deficient,
+            labels that are not integers or do not fit the clouds' shape, labels and
+            atomic numbers that disagree, a bad bond table (see
+            `grassflow.data.molecule_files.bond_table`), bonds without labels, or an SDF
+            that is not conformers of one molecule with 3-D coordinates.
+        ImportError: an ``.sdf`` without RDKit installed.
     """
     path = Path(path)
     if not (np.isfinite(rtol) and rtol >= 0):
         raise ValueError(f"rtol must be a finite number >= 0, got {rtol!r}")
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder")
-    labels, labels_from = None, None
+    labels, labels_from, chem = None, None, {}
+    suffix = path.suffix.lower()
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() == ".xyz")
         if not files:
             raise ValueError(f"{path}: folder holds no .xyz files")
         P, labels, sources = _read_xyz_files(path, files, f"{path.resolve().name}/")
         labels_from = "xyz element symbols"
-    elif path.suffix.lower() == ".xyz":
+    elif suffix == ".xyz":
         P, labels, sources = _read_xyz_files(path, [path], "")
         labels_from = "xyz element symbols"
-    elif path.suffix.lower() == ".npy":
+    elif suffix == ".npy":
         P = _load_npy(path)
         sources = [f"{path.name}[{i}]" for i in range(len(P))] if P.ndim else []
         z_path = labels_path(path)
         if z_path.is_file():  # the labels beside it
             labels, labels_from = _load_npy(z_path), z_path.name
-    elif path.suffix.lower() == ".npz":
-        P, labels, name = _load_npz(path, key)
+    elif suffix == ".npz":
+        P, labels, name, chem = _load_npz(path, key)
         sources = [f"{path.name}:{name}[{i}]" for i in range(len(P))] if P.ndim else []
         labels_from = None if labels is None else f"{path.name}:labels"
+    elif suffix in (".sdf", ".sd", ".mol"):
+        from .molecule_files import read_sdf  # RDKit, imported only for molecules
+
+        pc = read_sdf(path)
+        P, labels, sources, labels_from = pc.positions, pc.labels, pc.sources, pc.labels_from
+        chem = {k: getattr(pc, k) for k in ("bonds", "bond_orders", "molblock", "smiles")}
     else:
         raise ValueError(
             f"{path}: unknown extension {path.suffix!r}; expected .npy, .npz, "
-            ".xyz or a folder of .xyz files"
+            ".xyz, .sdf or a folder of .xyz files"
         )
     P = _check_positions(path, P, sources)
     if labels is not None:
         where = f"{labels_path(path)} (the labels of {path.name})" if labels_from and (
             labels_from.endswith("_Z.npy")) else str(path)  # fmt: skip
         labels = _check_labels(where, labels, P.shape[:2])
-    return _drop_rank_deficient(path, PointClouds(P, labels, sources, [], labels_from), rtol)
+    if suffix == ".npz" and chem:
+        labels, labels_from, chem = _npz_molecule(path, chem, labels, labels_from, P.shape[:2])
+    pc = PointClouds(P, labels, sources, [], labels_from, **chem)
+    return _drop_rank_deficient(path, pc, rtol)
+
+
+def _npz_molecule(
+    path: Path, chem: dict, labels: np.ndarray | None, labels_from: str | None, shape: tuple
+) -> tuple[np.ndarray | None, str | None, dict]:
+    """Labels merged with ``atomic_numbers``, and the chemistry fields of an ``.npz``."""
+    from .molecule_files import npz_chemistry
+
+    if "atomic_numbers" in chem:
+        Z = _check_labels(f"{path} (atomic_numbers)", chem.pop("atomic_numbers"), shape)
+        if labels is not None and not np.array_equal(labels, Z):
+            i, k = np.argwhere(labels != Z)[0]
+            raise ValueError(
+                f"{path}: labels and atomic_numbers disagree (cloud {i}, point {k}: "
+                f"{labels[i, k]} vs {Z[i, k]}); they name the same thing, keep one"
+            )
+        labels, labels_from = Z, labels_from or f"{path.name}:atomic_numbers"
+    return labels, labels_from, npz_chemistry(str(path), chem, labels, shape[1])
 
 
 def labels_path(path: str | os.PathLike) -> Path:
@@ -206,11 +262,18 @@ def _load_npy(path: Path) -> np.ndarray:
         ) from None
 
 
-def _load_npz(path: Path, key: str | None) -> tuple[np.ndarray, np.ndarray | None, str]:
+# .npz entries that are not positions: labels and a molecule's graph (`save_ensemble` too)
+_NPZ_CHEMISTRY = ("atomic_numbers", "bonds", "bond_orders", "smiles", "molblock")
+_NPZ_NOT_POSITIONS = ("labels", "stats", *_NPZ_CHEMISTRY)
+
+
+def _load_npz(
+    path: Path, key: str | None
+) -> tuple[np.ndarray, np.ndarray | None, str, dict[str, np.ndarray]]:
     try:
         with np.load(path, allow_pickle=False) as z:
             keys = list(z.files)
-            others = [k for k in keys if k != "labels"]
+            others = [k for k in keys if k not in _NPZ_NOT_POSITIONS]
             if key is None and "positions" in keys:
                 key = "positions"
             elif key is None and len(others) == 1:
@@ -219,7 +282,8 @@ def _load_npz(path: Path, key: str | None) -> tuple[np.ndarray, np.ndarray | Non
                 what = "no 'positions' array" if key is None else f"no key {key!r}"
                 raise ValueError(f"{path}: {what}; keys are {keys}; pass key=...")
             labels = z["labels"] if "labels" in keys and key != "labels" else None
-            return z[key], labels, key
+            chem = {k: z[k] for k in _NPZ_CHEMISTRY if k in keys and k != key}
+            return z[key], labels, key, chem
     except ValueError as e:
         if str(e).startswith(str(path)):
             raise
@@ -306,11 +370,11 @@ def _drop_rank_deficient(path: Path, pc: PointClouds, rtol: float) -> PointCloud
         stacklevel=3,
     )
     keep = ~drop
-    return PointClouds(
-        P[keep],
-        None if pc.labels is None else pc.labels[keep],
-        [s_ for s_, k in zip(pc.sources, keep) if k],
-        pc.skipped,
+    return dataclasses.replace(  # the molecule's fields are the same for every cloud
+        pc,
+        positions=P[keep],
+        labels=None if pc.labels is None else pc.labels[keep],
+        sources=[s_ for s_, k in zip(pc.sources, keep) if k],
     )
 
 
