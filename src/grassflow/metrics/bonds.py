@@ -12,7 +12,8 @@ import numpy as np
 
 from ..manifolds.alignment import assignment, label_groups, superpose_batch
 
-__all__ = ["bond_lengths", "bonds_kept", "bonds_kept_fraction"]
+__all__ = ["angle_triples", "bond_angles", "bond_angle_error", "bond_lengths", "bonds_kept",
+           "bonds_kept_fraction"]  # fmt: skip
 
 
 def _numpy(X) -> np.ndarray:
@@ -45,6 +46,47 @@ def bond_lengths(X, bonds) -> np.ndarray:
     """
     X, b = _check(X, bonds)
     return np.linalg.norm(X[:, b[:, 0]] - X[:, b[:, 1]], axis=-1)
+
+
+def angle_triples(bonds, n: int) -> np.ndarray:
+    """The bond angles of a bond graph on n atoms: ``(A, 3)`` int64 triples ``(i, j, k)``,
+    ``i < k``, with j bonded to both (j is the vertex), sorted."""
+    b = np.asarray(bonds, dtype=np.int64)
+    neighbours: list[list[int]] = [[] for _ in range(n)]
+    for i, j in b.tolist():
+        neighbours[i].append(j)
+        neighbours[j].append(i)
+    out = [(i, j, k) for j in range(n) for i in sorted(neighbours[j])
+           for k in sorted(neighbours[j]) if i < k]  # fmt: skip
+    return np.array(sorted(out), dtype=np.int64).reshape(-1, 3)
+
+
+def bond_angles(X, bonds) -> np.ndarray:
+    """Every bond angle (`angle_triples`) of every cloud, in degrees.
+
+    Args:
+        X (ArrayLike): tensor or ndarray, shape=[N, n, 3].
+        bonds (ArrayLike): integer atom index pairs, shape=[B, 2].
+
+    Returns:
+        float64, shape=[N, A]; a zero-length bond gives NaN.
+    """
+    X, b = _check(X, bonds)
+    t = angle_triples(b, X.shape[1])
+    u, v = X[:, t[:, 0]] - X[:, t[:, 1]], X[:, t[:, 2]] - X[:, t[:, 1]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = (u * v).sum(-1) / (np.linalg.norm(u, axis=-1) * np.linalg.norm(v, axis=-1))
+    return np.degrees(np.arccos(np.clip(c, -1.0, 1.0)))
+
+
+def bond_angle_error(X, X_ref, bonds) -> float:
+    """Mean absolute deviation (degrees) of the clouds' bond angles from the reference
+    conformers' mean angles, over angles and clouds (atom order fixed, no matching); NaN
+    angles (zero-length bonds) count as 180 degrees off."""
+    a, ref = bond_angles(X, bonds), bond_angles(X_ref, bonds)
+    if a.shape[1] == 0:
+        raise ValueError("the bond graph has no bond angles (no atom with two bonds)")
+    return float(np.nan_to_num(np.abs(a - np.nanmean(ref, axis=0)), nan=180.0).mean())
 
 
 def _refine(X, perm, b, l0, groups, rounds) -> np.ndarray:
