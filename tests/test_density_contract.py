@@ -4,8 +4,9 @@ Each case is a model whose parameters move mass (a flow left at its near-zero
 initialization would pass a normalization test with a wrong divergence), with its space:
 a normalized proposal there, the symmetries its density must not see, and bad inputs.
 The cases: a GrCNF on Gr(2, 4), the shape model trained on each geometry's paths on clouds
-of n = 5 > d + 2 points in the plane, and the paper's two-part model (normalized by its own
-proposals in tests/test_two_part.py).
+of n = 5 > d + 2 points in the plane, the shape model of a molecule (atom types, a bond
+graph in the field and the harmonic prior), and the paper's two-part model (normalized by
+its own proposals in tests/test_two_part.py).
 
 Monte Carlo tolerances are 4 standard errors of the mean; each test asserts its power (a
 normalizer 15 % off is outside the tolerance).
@@ -69,25 +70,36 @@ def _grcnf_case() -> Case:
                 n_mc=20_000, moves=0.3)  # fmt: skip
 
 
-def _template_clouds(B, g):
-    """Noisy copies of one 5-point shape, rotated, reflected, relabelled and translated."""
+# a 5-atom "molecule" in the plane: 0-1, 1-2, 2-3, 1-4, atoms 0 and 4 alike (so swapping them
+# is an automorphism of the labelled graph), and 1, 2, 3 of other types
+MOLECULE = {"labels": torch.tensor([1, 6, 6, 8, 1]), "bonds": torch.tensor([[0, 1], [1, 2],
+            [2, 3], [1, 4]]), "bond_orders": torch.tensor([1.0, 1.0, 2.0, 1.0])}  # fmt: skip
+
+
+def _template_clouds(B, g, relabel=True):
+    """Noisy copies of one 5-point shape, rotated, reflected, relabelled (unless not
+    ``relabel``: a molecule's atoms keep their order) and translated."""
     base = torch.tensor([[0.0, 0.0], [1.5, 0.0], [0.0, 1.0], [-1.2, -0.4], [0.6, -1.3]], dtype=F64)
     x = base + 0.4 * torch.randn(B, 5, 2, generator=g, dtype=F64)
     Q = torch.linalg.qr(torch.randn(B, 2, 2, generator=g, dtype=F64))[0]
-    perm = torch.stack([torch.randperm(5, generator=g) for _ in range(B)])
+    perm = torch.stack([torch.randperm(5, generator=g) if relabel else torch.arange(5)
+                        for _ in range(B)])  # fmt: skip
     x = torch.gather(x @ Q, 1, perm[..., None].expand(-1, -1, 2))
     return x + torch.randn(B, 1, 2, generator=g, dtype=F64)
 
 
-def _shape_case(geometry: str) -> Case:
+def _shape_case(geometry: str, molecule: bool = False) -> Case:
     torch.manual_seed(1)
-    model = ShapeFlow(5, 2, hidden=16, layers=2, atol=1e-5, rtol=1e-5, chunk_size=N_MC,
-                      geometry=geometry).double()  # fmt: skip
+    chemistry = dict(MOLECULE, prior="harmonic") if molecule else {}
+    model = ShapeFlow(5, 2, hidden=16, layers=2, atol=1e-5, rtol=1e-5, chunk_size=5000,
+                      geometry=geometry, **chemistry).double()  # fmt: skip
     g = torch.Generator().manual_seed(2)
-    data = _template_clouds(256, g)
+    data = _template_clouds(256, g, relabel=not molecule)
     model.fit_prior(data)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    for _ in range(10):  # a few steps on the geometry's paths: a field that moves mass
+    # a few steps on the geometry's paths: a field that moves mass (the molecule's tight
+    # harmonic directions make each step move more of it)
+    for _ in range(3 if molecule else 10):
         batch = data[torch.randint(0, 256, (32,), generator=g)]
         loss = cfm_objective(model, batch, geometry=geometry)[0]
         opt.zero_grad()
@@ -96,18 +108,29 @@ def _shape_case(geometry: str) -> Case:
     model.eval()
     sigma, dim = model.prior_std.item(), model.event_dim
 
+    # the proposal: the prior's law widened by ``scale``, written out independently of the
+    # model (Sigma from the pseudo-inverse of the graph Laplacian, not the Helmert inverse)
+    Sigma = torch.eye(4, dtype=F64)
+    if molecule:
+        A = torch.zeros(5, 5, dtype=F64)
+        A[MOLECULE["bonds"][:, 0], MOLECULE["bonds"][:, 1]] = 1.0
+        A = A + A.T
+        Sigma = model.H.mT @ torch.linalg.pinv(torch.diag(A.sum(1)) - A) @ model.H
+    mvn = torch.distributions.MultivariateNormal(torch.zeros(4, dtype=F64), Sigma)
+
     def log_gauss(x, scale):
-        z = model.helmert(x)
-        s = scale * sigma
-        return -0.5 * dim * math.log(2 * math.pi * s**2) - z.square().sum((1, 2)) / (2 * s**2)
+        z = model.helmert(x) / (scale * sigma)  # (N, 4, 2): two independent columns
+        return mvn.log_prob(z.mT).sum(-1) - dim * math.log(scale * sigma)
 
     def proposal(N, gen, scale):
-        z = scale * sigma * torch.randn(N, 4, 2, generator=gen, dtype=F64)
+        z = scale * sigma * (torch.linalg.cholesky(Sigma) @ torch.randn(N, 4, 2, generator=gen,
+                                                                          dtype=F64))  # fmt: skip
         x = model.clouds(z)
         return x, log_gauss(x, scale)
 
     def symmetries(x):
-        Q, perm = random_orthogonal(2).to(F64), torch.randperm(5)
+        Q = random_orthogonal(2).to(F64)
+        perm = torch.tensor([4, 1, 2, 3, 0]) if molecule else torch.randperm(5)
         return [(x @ Q)[:, perm] + 3.0, x @ torch.diag(torch.tensor([1.0, -1.0], dtype=F64))]
 
     x = data[:3]
@@ -153,6 +176,7 @@ CASES = {
     "two-part": _two_part_case,
     "shape-cartesian": lambda: _shape_case("cartesian"),
     "shape-grassmann": lambda: _shape_case("grassmann"),
+    "shape-molecule": lambda: _shape_case("cartesian", molecule=True),
 }
 _built: dict = {}
 

@@ -188,14 +188,16 @@ def test_equivariant_ot_lowers_the_regression_target():
 
 class _Stub(torch.nn.Module):
     """What `cfm_objective` and `cfm_losses` use of a model: ``n_points``, ``dim``,
-    ``prior_std``, ``labels``, ``clouds(z)`` (here: the fixed prior clouds ``x0``, whatever z)
-    and ``field(t, x)`` (here: ``velocity(t, x)``)."""
+    ``scale_prior(eps)``, ``labels``, ``bonds``, ``clouds(z)`` (here: the fixed prior clouds
+    ``x0``, whatever z) and ``field(t, x)`` (here: ``velocity(t, x)``)."""
 
     def __init__(self, x0, velocity):
         super().__init__()
         self.n_points, self.dim = x0.shape[1:]
-        self.x0, self.velocity, self.labels = x0, velocity, None
-        self.register_buffer("prior_std", torch.tensor(1.0))
+        self.x0, self.velocity, self.labels, self.bonds = x0, velocity, None, None
+
+    def scale_prior(self, eps):
+        return eps
 
     def clouds(self, z):
         return self.x0.to(z)

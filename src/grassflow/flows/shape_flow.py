@@ -17,16 +17,21 @@ matching (`grassflow.training.shape_matching`, `grassflow.training.shape_fit`). 
 
 The density and the sampler are the same ODE either way:
 
-* Prior: ``N(0, sigma^2 I)`` on z, normalized (its log-normalizer is included, unlike the
-  bgflow code that EFM's published numbers come from); sigma is fitted to the training
-  clouds by maximum likelihood (`ShapeFlow.fit_prior`).
+* Prior: ``N(0, sigma^2 I)`` on z (``prior="gaussian"``), or for a molecule with a bond
+  graph the harmonic Gaussian ``N(0, sigma^2 Sigma ⊗ I_d)``, ``Sigma = (H^T L H)^{-1}`` from
+  the graph Laplacian L (``prior="harmonic"``, `grassflow.distributions.harmonic`), which
+  starts bonded atoms close. Normalized (its log-normalizer is included, unlike the bgflow
+  code that EFM's published numbers come from); sigma is fitted to the training clouds by
+  maximum likelihood (`ShapeFlow.fit_prior`).
 * Likelihood: ``log p(z_1) = log p_0(z_0) - int_0^1 div v(t, z_t) dt``, integrated backwards
   by dopri5 (torchdiffeq) with the exact divergence: the trace of the (n - 1) d x (n - 1) d
   Jacobian by forward-mode products along every basis direction. No Hutchinson estimate.
 
 The density is invariant to translations (it lives on centred clouds), rotations,
 reflections and relabellings, because the field is equivariant and the prior invariant. With
-per-point ``labels`` (atom types) only relabellings that keep the labels leave it unchanged.
+per-point ``labels`` (atom types) only relabellings that keep the labels leave it unchanged,
+and with ``bonds`` (the field's edge features, the harmonic prior) only those that also keep
+the bond graph.
 
 References:
     Klein, Krämer, Noé. Equivariant Flow Matching. NeurIPS 2023, arXiv:2306.15030.
@@ -45,6 +50,7 @@ import torch
 from torch import Tensor, nn
 from torchdiffeq import odeint
 
+from ..distributions.harmonic import harmonic_covariance
 from ..manifolds.shape_paths import GEOMETRIES
 from ..manifolds.shape_space import helmert_basis
 from ..nn.egnn import EGNNField
@@ -52,6 +58,7 @@ from ..nn.egnn import EGNNField
 __all__ = ["ShapeFlow", "ShapeFlowConfig"]
 
 COUPLINGS = ("independent", "ot", "equivariant-ot")  # of `grassflow.training.shape_matching`
+PRIORS = ("gaussian", "harmonic")
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,9 @@ class ShapeFlowConfig:
         atol, rtol: dopri5's, of the exact likelihood and of sampling.
         chunk_size: clouds per ODE solve.
         labels, n_labels: per-point integer labels (atom types) of the field, or None.
+        bonds, bond_orders: a molecule's bond graph, ``((i, j), ...)`` and its orders
+            (`grassflow.data.molecule_files.BOND_ORDERS`), edge features of the field; or None.
+        prior: ``"gaussian"`` (isotropic) or ``"harmonic"`` (from the bond graph).
     """
 
     n_points: int
@@ -87,14 +97,25 @@ class ShapeFlowConfig:
     chunk_size: int = 16
     labels: tuple[int, ...] | None = None
     n_labels: int | None = None
+    bonds: tuple[tuple[int, int], ...] | None = None
+    bond_orders: tuple[float, ...] | None = None
+    prior: str = "gaussian"
 
     def __post_init__(self):
         if self.geometry not in GEOMETRIES:
             raise ValueError(f"geometry must be one of {GEOMETRIES}, got {self.geometry!r}")
         if self.coupling not in COUPLINGS:
             raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
+        if self.prior not in PRIORS:
+            raise ValueError(f"prior must be one of {PRIORS}, got {self.prior!r}")
+        if self.prior == "harmonic" and self.bonds is None:
+            raise ValueError("prior='harmonic' needs the molecule's bonds")
         if self.labels is not None:
             object.__setattr__(self, "labels", tuple(int(a) for a in self.labels))
+        if self.bonds is not None:  # JSON gives lists
+            object.__setattr__(self, "bonds", tuple((int(i), int(j)) for i, j in self.bonds))
+        if self.bond_orders is not None:
+            object.__setattr__(self, "bond_orders", tuple(float(o) for o in self.bond_orders))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -127,6 +148,10 @@ class ShapeFlow(nn.Module):
         n_labels: number of label values (as in the `EGNNField`).
         geometry: of the flow-matching paths that train it (`ShapeFlowConfig`).
         coupling: of the flow-matching pairs (`ShapeFlowConfig`).
+        bonds: optional ``(B, 2)`` bonded point pairs of a molecule: edge features of the
+            `EGNNField`, and the harmonic prior's graph.
+        bond_orders: optional ``(B,)`` orders of those bonds.
+        prior: ``"gaussian"`` or ``"harmonic"`` (needs ``bonds``).
 
     ``model.config`` is the `ShapeFlowConfig` it was built from (``prior_std`` as given;
     the fitted value is the buffer ``model.prior_std``).
@@ -138,8 +163,9 @@ class ShapeFlow(nn.Module):
         if isinstance(config, dict):
             config = ShapeFlowConfig.from_dict(config)
         kw = config.to_dict()
-        labels = kw.pop("labels")
-        return cls(**kw, labels=None if labels is None else torch.tensor(labels))
+        tensors = {k: None if v is None else torch.tensor(v)
+                   for k in ("labels", "bonds", "bond_orders") for v in [kw.pop(k)]}  # fmt: skip
+        return cls(**kw, **tensors)
 
     def __init__(
         self,
@@ -157,24 +183,32 @@ class ShapeFlow(nn.Module):
         n_labels: int | None = None,
         geometry: str = "cartesian",
         coupling: str = "equivariant-ot",
+        bonds: Tensor | None = None,
+        bond_orders: Tensor | None = None,
+        prior: str = "gaussian",
     ):
         super().__init__()
+        listed = lambda a: None if a is None else tuple(torch.as_tensor(a).tolist())
         self.config = ShapeFlowConfig(
             n_points, dim, geometry, coupling, hidden, layers, attention, coord_range,
-            float(prior_std), atol, rtol, chunk_size,
-            None if labels is None else tuple(torch.as_tensor(labels).tolist()), n_labels,
+            float(prior_std), atol, rtol, chunk_size, listed(labels), n_labels, listed(bonds),
+            listed(bond_orders), prior,
         )  # fmt: skip
         if not (isinstance(chunk_size, int) and chunk_size >= 1):
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         if not (atol > 0 and rtol > 0):
             raise ValueError(f"atol and rtol must be > 0, got {atol!r}, {rtol!r}")
         self.field = EGNNField(n_points, dim, hidden, layers, attention, coord_range, labels,
-                               n_labels)  # fmt: skip
+                               n_labels, bonds, bond_orders)  # fmt: skip
         self.n_points, self.dim, self.chunk_size = n_points, dim, chunk_size
         self.atol, self.rtol = atol, rtol
         # float64 until the module is cast; used in the dtype of the clouds
         self.register_buffer("H", helmert_basis(n_points))
         self.register_buffer("prior_std", torch.tensor(float(prior_std), dtype=torch.float64))
+        self.prior = prior
+        if prior == "harmonic":  # Sigma = C C^T; rebuilt from the config, so not saved
+            C = torch.linalg.cholesky(harmonic_covariance(self.field.bonds, n_points))
+            self.register_buffer("prior_factor", C, persistent=False)
         self.last_stats: dict = {}
 
     @property
@@ -191,6 +225,11 @@ class ShapeFlow(nn.Module):
     def labels(self) -> Tensor | None:
         """The ``(n,)`` point labels of the field, or None."""
         return self.field.labels
+
+    @property
+    def bonds(self) -> Tensor | None:
+        """The ``(B, 2)`` bond graph of the field and the prior, or None."""
+        return self.field.bonds
 
     @property
     def event_dim(self) -> int:
@@ -231,7 +270,7 @@ class ShapeFlow(nn.Module):
         ``H`` (float64 unless the model was cast). Returns it."""
         self._check(P, dtype=False)
         P = P.to(self.H)
-        z = self.H.mT @ (P - P.mean(dim=-2, keepdim=True))
+        z = self._whiten(self.H.mT @ (P - P.mean(dim=-2, keepdim=True)))
         self.prior_std.fill_(z.square().mean().sqrt().item())
         return self.prior_std.item()
 
@@ -252,12 +291,27 @@ class ShapeFlow(nn.Module):
         div = (Jv * basis).sum(dim=(0, -2, -1))
         return v[0], div
 
+    def _whiten(self, z: Tensor) -> Tensor:
+        """``C^{-1} z`` for the harmonic prior's ``Sigma = C C^T``; z itself otherwise."""
+        if self.prior == "gaussian":
+            return z
+        C = self.prior_factor.to(z)
+        return torch.linalg.solve_triangular(C, z, upper=False)
+
+    def scale_prior(self, eps: Tensor) -> Tensor:
+        """Prior draws ``z: (..., n - 1, d)`` from standard normal ``eps`` of the same shape:
+        ``sigma eps``, or ``sigma C eps`` for the harmonic prior."""
+        z = eps * self.prior_std.to(eps)
+        return z if self.prior == "gaussian" else self.prior_factor.to(eps) @ z
+
     def prior_log_prob(self, z: Tensor) -> Tensor:
-        """Log-density of the normalized CoM-free Gaussian at ``z: (B, n - 1, d)`` -> ``(B,)``."""
+        """Log-density of the normalized CoM-free prior at ``z: (B, n - 1, d)`` -> ``(B,)``."""
         var = self.prior_std.to(z).square()
-        return -0.5 * self.event_dim * torch.log(2 * math.pi * var) - z.square().sum((-2, -1)) / (
-            2 * var
-        )
+        lp = -0.5 * self.event_dim * torch.log(2 * math.pi * var) - self._whiten(z).square().sum(
+            (-2, -1)) / (2 * var)  # fmt: skip
+        if self.prior == "harmonic":  # log det(Sigma ⊗ I_d)^{-1/2}
+            lp = lp - self.dim * self.prior_factor.to(z).diagonal().log().sum()
+        return lp
 
     def _solve(self, z: Tensor, t0: float, t1: float, divergence: bool) -> tuple[Tensor, Tensor]:
         nfe = 0
@@ -323,7 +377,7 @@ class ShapeFlow(nn.Module):
         if not isinstance(m, int) or isinstance(m, bool) or m < 1:
             raise ValueError(f"number of samples must be an integer >= 1, got {m!r}")
         z = torch.randn(m, self.n_points - 1, self.dim, dtype=self.dtype, generator=generator)
-        return self.clouds(z.to(self.device) * self.prior_std.to(z))
+        return self.clouds(self.scale_prior(z.to(self.device)))
 
     def sample(self, m: int, generator: torch.Generator | None = None) -> Tensor:
         """``m`` centred clouds ``(m, n, d)``: prior samples carried by the flow to t = 1."""

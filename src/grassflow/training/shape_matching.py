@@ -16,7 +16,8 @@ Grassmann-bundle path (``"grassmann"``). The pairs of a minibatch are chosen by 
   because B^2 Hungarian solves per step would cost more than the step itself. The data law
   is invariant under both groups, so aligning ``x1`` changes the coupling, not the target.
   A model with point labels (atom types) is invariant only to relabellings that keep them,
-  so its ``x1`` is relabelled within each label only.
+  so its ``x1`` is relabelled within each label only; a model with a bond graph is not
+  relabelled at all (a relabelling within an element would break bonds), only rotated.
 
 The assignments, Procrustes maps and the alignment are `grassflow.manifolds.alignment`'s.
 
@@ -35,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ..flows.shape_flow import COUPLINGS
-from ..manifolds.alignment import align_pairs, assignment, orthogonal_cost
+from ..manifolds.alignment import align_pairs, assignment, orthogonal_cost, procrustes
 from ..manifolds.shape_paths import GEOMETRIES, shape_path
 
 __all__ = ["CFM_COUPLINGS", "cfm_losses", "cfm_objective"]
@@ -73,12 +74,15 @@ def cfm_objective(
     x1 = batch - batch.mean(dim=-2, keepdim=True)
     B = x1.shape[0]
     z = torch.randn(B, model.n_points - 1, model.dim, dtype=x1.dtype, device=x1.device)
-    x0 = model.clouds(z * model.prior_std.to(x1))
+    x0 = model.clouds(model.scale_prior(z))
     with torch.no_grad():  # assignment(C).argsort(): the x0 of each x1
         if coupling == "ot":
             x0 = x0[assignment(torch.cdist(x0.flatten(1), x1.flatten(1)).square()).argsort()]
         elif coupling == "equivariant-ot":
             x0 = x0[assignment(orthogonal_cost(x0, x1)).argsort()]
-            x1 = align_pairs(x0, x1, labels=getattr(model, "labels", None))
+            if getattr(model, "bonds", None) is None:
+                x1 = align_pairs(x0, x1, labels=getattr(model, "labels", None))
+            else:  # relabelling would break bonds: only the rotation
+                x1 = x1 @ procrustes(x0, x1)
     t = torch.rand(B, dtype=x1.dtype, device=x1.device)
     return cfm_losses(model, x0, x1, t, geometry).mean(), {"nfe": 0}
