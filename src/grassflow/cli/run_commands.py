@@ -46,6 +46,9 @@ def cmd_demo(args) -> None:
 def _particle_experiment(args):
     from ..tasks import particle_runs as px
 
+    if args.prior == "harmonic":
+        raise ValueError("--prior harmonic needs a molecule's bond graph: it is for --data "
+                         "(DW4 / LJ13 take gaussian or uniform)")
     exp = px.ParticleExperiment(
         system=args.dataset, protocol=args.protocol, n_train=args.n_train, source=args.source,
         data_dir=args.data_dir, objective=args.objective or "mle", prior=args.prior or "gaussian",
@@ -56,18 +59,22 @@ def _particle_experiment(args):
 def _shape_experiment(args):
     from ..tasks import shape_runs as shapes
 
-    ignored = [f"--{k}" for k in ("objective", "prior") if getattr(args, k) is not None]
-    if ignored:  # options of the GrCNF runs (and of the removed two-part ShapeFlow)
-        raise ValueError(f"{' and '.join(ignored)} do not apply to --data: its model, "
-                         f"{args.model!r}, is one flow on the cloud trained by flow matching "
-                         "(the two-part ShapeFlow that took them was removed in issue 34; "
-                         "the last commit that has it is 3531f93)")  # fmt: skip
+    if args.objective is not None:  # of the GrCNF runs (and of the removed two-part ShapeFlow)
+        raise ValueError(f"--objective does not apply to --data: its model, {args.model!r}, is "
+                         "one flow on the cloud trained by flow matching (the two-part "
+                         "ShapeFlow that took it was removed in issue 34; the last commit that "
+                         "has it is 3531f93)")  # fmt: skip
+    if args.prior == "uniform":
+        raise ValueError("--prior uniform is of the DW4 / LJ13 GrCNF runs; --data takes "
+                         "gaussian or harmonic (the bond graph's, the default for a molecule)")
     flow = {"total_budget_minutes": args.minutes, "budget_minutes": args.session_minutes,
             "iterations": args.iterations, "clock": args.clock, "batch_size": args.batch_size,
             "lr": args.lr, "grad_clip": args.grad_clip, "seed": args.seed,
             "device": args.device}  # fmt: skip
-    exp = shapes.ShapeExperiment(data=args.data, key=args.key, model=args.model,
-                                 geometry=args.geometry)  # fmt: skip
+    exp = shapes.ShapeExperiment(
+        data=args.data, key=args.key, model=args.model, geometry=args.geometry,
+        use_bonds=False if args.no_bonds else None,
+        harmonic_prior=None if args.prior is None else args.prior == "harmonic")  # fmt: skip
     if args.split is not None:  # (val, test) fractions; the default stays the preset's
         exp = dataclasses.replace(exp, val_fraction=args.split[0], test_fraction=args.split[1])
     changes = {k: getattr(args, k) for k in ("atol", "rtol") if getattr(args, k) is not None}
@@ -225,8 +232,13 @@ def add_commands(sub) -> None:
                              "cloud; --dataset is then ignored)")
     g.add_argument("--data", help="an (N, n, d) .npy (labels, e.g. atomic numbers, from "
                                   "NAME_Z.npy beside it: (n,) shared or (N, n)), an .npz "
-                                  "('positions', optional 'labels'), or a folder of .xyz files "
-                                  "(labels from their element symbols)")  # fmt: skip
+                                  "('positions', optional 'labels' or 'atomic_numbers', "
+                                  "'bonds', 'bond_orders'), an .sdf of one molecule's "
+                                  "conformers (RDKit), or a folder of .xyz files (labels from "
+                                  "their element symbols)")  # fmt: skip
+    g.add_argument("--no-bonds", action="store_true",
+                   help="ignore the data's bond table (by default a molecule's bonds are the "
+                        "field's edge features and give the harmonic prior)")  # fmt: skip
     g.add_argument("--split", type=_split_fractions, metavar="VAL,TEST",
                    help="fractions of the clouds held out for validation and for test (what "
                         "`eval` scores), at random (seed 0); default 0.1,0.1")  # fmt: skip
@@ -249,9 +261,11 @@ def add_commands(sub) -> None:
     add_particle_data_options(g)
     g.add_argument("--protocol", default="com-free", choices=("com-free", "paper"))
     g.add_argument("--n-train", type=int, default=1000, help="training configurations")
-    g.add_argument("--prior", choices=("gaussian", "uniform"),
-                   help="base distribution: default gaussian (the paper's, sigma 0.3) or "
-                        "uniform (permutation invariant)")
+    g.add_argument("--prior", choices=("gaussian", "uniform", "harmonic"),
+                   help="base distribution. DW4 / LJ13: gaussian (default, the paper's, sigma "
+                        "0.3) or uniform (permutation invariant). --data: gaussian (isotropic) "
+                        "or harmonic (from the bond graph; the default when the data has "
+                        "bonds)")  # fmt: skip
     add_train_options(p, minutes_what="CPU minutes of the whole command: training, validation "
                       "and, with --data, the final test evaluation")
     p.set_defaults(func=cmd_train)

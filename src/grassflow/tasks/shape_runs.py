@@ -13,9 +13,15 @@ removed from the library in issue 34: its runs are refused (`REMOVED_MODELS`); t
 commit that trains and reads them is 3531f93. The paper's reproduction keeps that model
 (``grassflow_paper.two_part``) for its own tables.
 
-A run directory holds ``experiment.json``, ``data.json``, ``flow/``, ``eval.json``
-(the test split's scores; ``eval_<stem>.json`` for a user's held-out file, ``evaluate(...,
-data=...)``), ``samples.npy`` / ``samples.xyz`` and the pictures."""
+A molecule's chemistry comes with its file (an SDF, or an ``.npz`` with ``atomic_numbers``
+and ``bonds``; `grassflow.data.point_clouds.load_point_clouds`): atom types become the
+field's node features, the bond graph its edge features and, by default, the harmonic prior
+(`ShapeFlow`'s ``prior="harmonic"``); samples are then also written as an SDF with the bonds.
+
+A run directory holds ``experiment.json`` (with the bond table), ``data.json``, ``flow/``,
+``eval.json`` (the test split's scores; ``eval_<stem>.json`` for a user's held-out file,
+``evaluate(..., data=...)``), ``samples.npy`` / ``samples.xyz`` (``samples.sdf`` for a
+molecule), ``molecule.mol`` (the data's molblock, when it has one) and the pictures."""
 
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.molecule_files import molblock_charges, write_sdf
 from ..data.point_clouds import element_symbol, labels_path, load_point_clouds, save_clouds
 from ..flows import ShapeFlow, ShapeFlowConfig
 from ..manifolds.shape_paths import GEOMETRIES
@@ -59,6 +66,9 @@ ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot", "geometry": 
 # preset fields of the removed two-part model: a baseline run's saved values of them are ignored
 REMOVED_FIELDS = ("potential", "prior", "objective", "gram", "gram_density", "gram_components")
 
+
+MOLBLOCK = "molecule.mol"
+"""The data's molblock in a run directory (charges and all, for the sampled SDF)."""
 
 SAMPLE_COST = {"equivariant-cnf": 0.1}
 """Bounds of the CPU cost of drawing a cloud relative to scoring one exactly, by model; the
@@ -120,6 +130,13 @@ class ShapeExperiment:
             default, is resolved by `run`: True for a new run, the saved value when
             continuing one; None in a saved preset (runs made before this
             option) means no labels, as those runs were trained.
+        bonds, bond_orders, smiles: the molecule's bond table ``((i, j), ...)``, its orders
+            and SMILES, read from the data (None when it has none).
+        use_bonds: give the model the bond graph (the field's edge features). None, the
+            default, is resolved by `run` as ``efm_labels`` is (True for a new run).
+        harmonic_prior: start the flow from the bond graph's harmonic Gaussian instead of
+            the isotropic one (`ShapeFlow`'s ``prior``). None, the default, is resolved by
+            `run`: True for a new run that uses bonds, the saved value when continuing one.
     """
 
     data: str
@@ -141,6 +158,11 @@ class ShapeExperiment:
     coupling: str = "equivariant-ot"
     efm_labels: bool | None = None
     geometry: str = "cartesian"
+    bonds: tuple[tuple[int, int], ...] | None = None
+    bond_orders: tuple[float, ...] | None = None
+    smiles: str | None = None
+    use_bonds: bool | None = None
+    harmonic_prior: bool | None = None
 
     def __post_init__(self):
         refuse_removed_model(self.model)
@@ -161,6 +183,15 @@ class ShapeExperiment:
             self.flow = TrainConfig.from_dict(self.flow)
         if self.labels is not None:
             self.labels = tuple(self.labels)
+        if self.bonds is not None:  # JSON gives lists
+            self.bonds = tuple((int(i), int(j)) for i, j in self.bonds)
+        if self.bond_orders is not None:
+            self.bond_orders = tuple(float(o) for o in self.bond_orders)
+        if self.harmonic_prior and self.use_bonds is False:
+            raise ValueError("the harmonic prior needs the bonds that --no-bonds drops")
+        if self.harmonic_prior and self.n_points is not None and not self.bonds:  # data read
+            raise ValueError(f"the harmonic prior needs a bond table, and {self.data} has none "
+                             "(an .sdf, or an .npz with 'bonds', carries one)")  # fmt: skip
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -180,8 +211,9 @@ class ShapeExperiment:
 def load_clouds(exp: ShapeExperiment) -> dict:
     """The clouds of ``exp.data`` split into ``train`` / ``val`` / ``test`` float64 tensors
     ``(N_s, n, d)``, with ``labels`` (shared per-point labels or None), ``labels_from`` (where
-    they were read, `PointClouds.labels_from`; also when they differ between clouds) and
-    ``skipped``. `split_summary` says it in words."""
+    they were read, `PointClouds.labels_from`; also when they differ between clouds),
+    ``skipped``, and the molecule's ``bonds`` and ``bond_orders`` (tuples), ``molblock`` and
+    ``smiles`` (each None when the data has none). `split_summary` says it in words."""
     clouds = load_point_clouds(exp.data, key=exp.key)
     X = torch.as_tensor(clouds.positions, dtype=torch.float64)
     N = len(X)
@@ -198,7 +230,9 @@ def load_clouds(exp: ShapeExperiment) -> dict:
     return {
         "test": X[perm[:n_test]], "val": X[perm[n_test:n_test + n_val]],
         "train": X[perm[n_test + n_val:]], "labels": labels, "skipped": clouds.skipped,
-        "labels_from": clouds.labels_from,
+        "labels_from": clouds.labels_from, "molblock": clouds.molblock, "smiles": clouds.smiles,
+        "bonds": None if clouds.bonds is None else tuple(map(tuple, clouds.bonds.tolist())),
+        "bond_orders": None if clouds.bond_orders is None else tuple(clouds.bond_orders.tolist()),
     }  # fmt: skip
 
 
@@ -221,6 +255,10 @@ def split_summary(exp: ShapeExperiment, splits: dict) -> str:
         z = (f"{labels_path(exp.data).name} beside it" if Path(exp.data).suffix == ".npy"
              else "a 'labels' array in the .npz, or .xyz files")  # fmt: skip
         lines.append(f"labels: none (per-point labels, e.g. atomic numbers, come from {z})")
+    if splits["bonds"] is not None:
+        orders = "with orders" if splits["bond_orders"] is not None else "without orders"
+        smiles = f" of {splits['smiles']}" if splits["smiles"] else ""
+        lines.append(f"bonds: {len(splits['bonds'])} ({orders}){smiles}")
     return "\n".join(lines)
 
 
@@ -239,10 +277,13 @@ def _formula(labels) -> str:
 def build_model(exp: ShapeExperiment) -> ShapeFlow:
     """The model of ``exp`` (``n_points`` and ``dim`` resolved), float64."""
     labels = None if exp.labels is None or not exp.efm_labels else exp.labels
+    bonds = exp.bonds if exp.use_bonds else None
     config = ShapeFlowConfig(
         exp.n_points, exp.dim, geometry=exp.geometry, coupling=exp.coupling,
         hidden=exp.hidden or _DEFAULTS.hidden, layers=exp.layers, atol=exp.atol, rtol=exp.rtol,
-        chunk_size=exp.chunk_size, labels=labels,
+        chunk_size=exp.chunk_size, labels=labels, bonds=bonds,
+        bond_orders=exp.bond_orders if bonds else None,
+        prior="harmonic" if exp.harmonic_prior else "gaussian",
     )  # fmt: skip
     with seeded_init(exp.flow.seed):
         return ShapeFlow.from_config(config).double()
@@ -278,7 +319,9 @@ def run(
         print(f"skipped: {line}")
     print(split_summary(exp, splits))
     n, d = splits["train"].shape[1:]
-    exp = dataclasses.replace(exp, n_points=n, dim=d, labels=splits["labels"])
+    exp = dataclasses.replace(exp, n_points=n, dim=d, labels=splits["labels"],
+                              bonds=splits["bonds"], bond_orders=splits["bond_orders"],
+                              smiles=splits["smiles"])  # fmt: skip
     saved = run_dir / "experiment.json"
     old = json.loads(saved.read_text()) if saved.exists() and not force else {}
     if old and (old.get(KIND_KEY) or legacy_kind(old)) == "shapes":
@@ -286,11 +329,18 @@ def run(
     if exp.efm_labels is None:
         # a new run embeds the labels; a continued one stays as trained (None: before labels)
         exp = dataclasses.replace(exp, efm_labels=old.get("efm_labels") if old else True)
+    if exp.use_bonds is None:  # as the labels: a new run uses them, a continued one as trained
+        exp = dataclasses.replace(exp, use_bonds=old.get("use_bonds") if old else True)
+    if exp.harmonic_prior is None:
+        new = bool(exp.bonds and exp.use_bonds)
+        exp = dataclasses.replace(exp, harmonic_prior=old.get("harmonic_prior") if old else new)
     identity = {"path": str(Path(exp.data).resolve()),
                 **data_identity(**{s: splits[s] for s in ("train", "val", "test")})}  # fmt: skip
     claim_run_dir(run_dir, exp.to_dict(), identity, kind="shapes", added=ADDED_FIELDS,
                   removed=REMOVED_FIELDS, force=force, resume=resume,
                   budget_keys=("flow.iterations", "flow.total_budget_minutes"))  # fmt: skip
+    if splits["molblock"] is not None:
+        (run_dir / MOLBLOCK).write_text(splits["molblock"])
     n_test = len(splits["test"])
     n_samples = n_test if n_samples is None else n_samples
     eval_points = n_test + SAMPLE_COST[exp.model] * n_samples  # in flow validation points
@@ -377,7 +427,8 @@ def sample(run_dir: str | Path, n: int, seed: int = 0, save: bool = True,
            progress: bool = False) -> np.ndarray:  # fmt: skip
     """``n`` generated clouds ``(n, n_points, d)``, centred; with ``save``, also written to
     ``samples.npy`` (and ``samples.xyz`` for 3-D clouds, with the shared labels if any as
-    element symbols, and the model in each frame's comment line; see `save_clouds`).
+    element symbols, and the model in each frame's comment line; see `save_clouds`; and
+    ``samples.sdf`` for a molecule with bonds).
     ``progress``: show the CPU time it takes on a progress line."""
     exp, model = load_run(run_dir)
     display = Progress(Path(run_dir).name, enabled=progress)
@@ -387,7 +438,7 @@ def sample(run_dir: str | Path, n: int, seed: int = 0, save: bool = True,
     display.close()
     if not save:
         return X
-    save_clouds(X, Path(run_dir) / "samples.npy", exp.labels, _sample_comment(exp, run_dir, seed))
+    _save_run_samples(X, Path(run_dir) / "samples.npy", exp, run_dir, seed)
     return X
 
 
@@ -511,11 +562,35 @@ def nll_summary(r: dict) -> str:
 
 
 def save_sampled_clouds(
-    X: np.ndarray, out: str | Path, labels=None, comment: str = "grassflow sample"
+    X: np.ndarray,
+    out: str | Path,
+    labels=None,
+    comment: str = "grassflow sample",
+    *,
+    bonds=None,
+    bond_orders=None,
+    charges=None,
 ) -> str:
-    """`save_clouds`, and what it wrote, in words."""
+    """`save_clouds`, and what it wrote, in words. With ``bonds`` (and labels, in 3-D) also
+    an ``.sdf`` beside it, ready for a molecule viewer (`write_sdf`: ``bond_orders``,
+    formal ``charges``)."""
     written = save_clouds(X, out, labels, comment)
+    if bonds is not None and labels is not None and X.shape[-1] == 3:
+        titles = [f"{comment}, #{i}" for i in range(len(X))]
+        written.append(write_sdf(Path(out).with_suffix(".sdf"), X, np.asarray(labels),
+                                 np.asarray(bonds), bond_orders, titles, charges=charges))  # fmt: skip
     return f"wrote {len(X)} clouds {tuple(X.shape)} to " + ", ".join(map(str, written))
+
+
+def _save_run_samples(X: np.ndarray, out: str | Path, exp: ShapeExperiment, run_dir: str | Path,
+                      seed: int) -> str:  # fmt: skip
+    """`save_sampled_clouds` for clouds drawn by the run of ``exp`` in ``run_dir``: its
+    labels, bonds and the charges of its ``molecule.mol``."""
+    mol = Path(run_dir) / MOLBLOCK
+    return save_sampled_clouds(
+        X, out, exp.labels, _sample_comment(exp, run_dir, seed), bonds=exp.bonds,
+        bond_orders=exp.bond_orders,
+        charges=molblock_charges(mol.read_text()) if mol.exists() else None)  # fmt: skip
 
 
 def _eval_line(run_dir: Path, n_samples: int, seed: int) -> str:
@@ -538,8 +613,7 @@ def _eval_data_line(run_dir: Path, data: Path, key: str | None, n_samples: int, 
 
 def _sample_line(run_dir: Path, n: int, seed: int, out: Path) -> str:
     exp = read_preset(run_dir, _preset_reader(run_dir), "shape")
-    return save_sampled_clouds(sample(run_dir, n, seed, progress=True), out, exp.labels,
-                               _sample_comment(exp, run_dir, seed))  # fmt: skip
+    return _save_run_samples(sample(run_dir, n, seed, progress=True), out, exp, run_dir, seed)
 
 
 RUN_KIND = RunKind(evaluate=_eval_line, sample=_sample_line, plot=lambda run_dir: [plot(run_dir)],
