@@ -1,50 +1,51 @@
-"""Real molecules: the shape model on thermal conformer ensembles (issue 22, item 5).
+"""Real molecules: the shape model on thermal conformer ensembles, with their chemistry
+(issue 35; issue 22 made the first rows).
 
-Until issue 34 this compared both shape models; the two-part ShapeFlow's rows in
-``results/real_molecules.*`` were made by commit 3531f93 (the last with it in the library) and
-are kept there. Its runs can still be diagnosed (``--diagnose``, with the paper's
-`grassflow_paper.two_part`), but only ``equivariant-cnf`` trains now.
+Run (one core, 20 CPU minutes of training and validation per run, then the evaluation; about
+40 minutes per molecule and model)::
 
-Run (one core; roughly 1 hour: per molecule ~30 s of data, 4 min of training, up to as much
-validation, and the evaluation, mostly the exact likelihoods: 2.1 CPU min for 20 test
-conformers and 100 samples of alanine dipeptide in the smoke run)::
-
-    PYTHONPATH=src python benchmarks/real_molecules.py --minutes 4 \\
+    PYTHONPATH=src python benchmarks/real_molecules.py --minutes 20 \\
         --runs runs/real_molecules --out results
 
-Smoke test (200 conformers, 0.2 training minutes, small evaluation; ~10 minutes)::
+Smoke test (200 conformers, 0.2 training minutes, small evaluation; a few minutes)::
 
     PYTHONPATH=src python benchmarks/real_molecules.py --smoke \\
         --runs runs/realmol_smoke --out runs/realmol_smoke
 
-The issue's target: on ensembles of small flexible molecules (10-25 atoms, a few thousand
-conformers) at least 95 % of samples keep every bond within 10 % of its length in the data,
-and fewer than 1 % have a clash (two atoms closer than 0.9 Å).
+For each molecule (``--molecules``: n-butane 14 atoms, glycerol 14, alanine dipeptide 22,
+cyclohexanol 19 with its ring; hydrogens explicit) ``--n-conformers`` MMFF94 conformers at
+300 K are generated (:func:`grassflow.data.conformers.conformer_ensemble`, cached as
+``RUNS/data/*.npz`` with bonds, orders and molblock), then each model (``--models``) is
+trained as ``grassflow train --data FILE`` trains it (:func:`grassflow.tasks.shape_runs.run`:
+the same preset, split and training; atom types, the bond graph and the harmonic prior come
+with the file), except that ``--minutes`` is a total CPU budget of the run, validation
+included, so that a rerun continues an interrupted run. The models:
 
-For each molecule (``--molecules``; n-butane 14 atoms, glycerol 14, alanine dipeptide 22,
-hydrogens explicit) ``--n-conformers`` MMFF94 conformers at 300 K are generated
-(:func:`grassflow.data.conformers.conformer_ensemble`, cached as ``RUNS/data/*.npz``), then
-each model (``--models``) is trained as ``grassflow train --data FILE --model M`` trains it
-(:func:`grassflow.tasks.shape_runs.run`: the same preset, split and training), except that
-``--minutes`` is a total CPU budget of the run, so a rerun continues an interrupted run
-instead of training it longer. One thread; each run in ``RUNS/<molecule>/<model>``. The
-model gets the atoms' elements as point labels. Reported per molecule and model:
+* ``cartesian``: the default, ``grassflow train --data FILE`` (straight paths, the EFM
+  baseline's geometry, with the chemistry);
+* ``grassmann``: the same with ``--geometry grassmann`` (the same inputs, so the comparison
+  stays fair);
+* ``cartesian-gaussian``: the default with ``--prior gaussian`` (what the harmonic prior buys).
 
-* test NLL ± SEM (nats per molecule, exact, on the (n - 1) 3 centred coordinates) on the
-  first ``--n-test`` test conformers (the exact likelihood of the baseline costs ~(n - 1) 3
-  forward-mode products per ODE step);
-* bonds kept: the fraction of ``--n-samples`` samples in which every bond is within 10 % of
-  its mean length in the training conformers, after matching the sample's atoms to the
-  molecule's within each element (:func:`grassflow.metrics.bonds_kept`, 16 training
-  conformers as references); the ``data`` row scores the test conformers the same way;
-* clashes: the fraction of samples with two atoms closer than 0.9 Å;
-* training CPU minutes and iterations, and parameters.
+Reported per molecule and model (`grassflow.metrics.chemistry.chemistry_summary` against the
+test conformers, atoms in the molecule's order: a model with bonds is not symmetric within
+an element, so no matching):
 
-``--diagnose`` adds to finished ShapeFlow rows (their runs made by 3531f93, in
-``RUNS/<molecule>/shapeflow``) where their nats and broken bonds come from
-(`diagnose`): the parts of the test NLL, and the bonds kept of clouds built from the test
-conformers' own spans or the flow's spans, with S from the Gram density or from a
-least-squares fit of the molecule's bond lengths.
+* test NLL ± SEM (nats per molecule, exact, on the (n - 1) 3 centred coordinates) of the
+  first ``--n-test`` test conformers, and the CPU and wall seconds per conformer of that
+  likelihood and of sampling;
+* of ``--n-samples`` samples: bonds kept (every bond within 10 % of its mean test length),
+  the bond-angle error (degrees), clashes (two atoms closer than 0.9 Å), the MMFF94 energy
+  W1 (kcal/mol, capped) and the mean torsion JSD over rotatable bonds, each beside its value
+  between two halves of the test conformers, and the fraction of samples with the test
+  conformers' stereo centres;
+* training CPU and wall minutes, iterations and parameters.
+
+The ``test conformers`` row scores the test conformers themselves. Pictures per run in
+``OUT/real_molecules/``: energy histograms, torsion histograms, and for alanine dipeptide the
+Ramachandran plot. The issue-22 rows (no bonds, 4 CPU minutes; ``equivariant-cnf`` and the
+two-part ``shapeflow`` of commit 3531f93) stay in the file, in their own table; ``--diagnose``
+still explains the two-part model's rows (`diagnose`, with `grassflow_paper.two_part`).
 
 Rows are appended to ``OUT/real_molecules.json`` and ``.md`` as they finish; finished rows
 (same molecule, model, conformers, minutes) are skipped on a rerun.
@@ -63,6 +64,7 @@ import torch
 from grassflow.data.conformers import cached_ensemble
 from grassflow.distributions.cartesian import log_jacobian_gram
 from grassflow.metrics import bond_lengths, bonds_kept_fraction, closest_pair_fraction, mean_sem
+from grassflow.metrics import chemistry as chem
 from grassflow.tasks import shape_runs as shapes
 from grassflow.tasks.run_dir import read_preset, training_status
 from grassflow.training.rng import seeded_init
@@ -76,17 +78,86 @@ from grassflow_paper.two_part import (
 )
 
 MOLECULES = {"butane": "CCCC", "glycerol": "OCC(O)CO",
-             "alanine-dipeptide": "CC(=O)NC(C)C(=O)NC"}  # fmt: skip
-MODELS = ("equivariant-cnf",)
+             "alanine-dipeptide": "CC(=O)NC(C)C(=O)NC", "cyclohexanol": "OC1CCCCC1"}  # fmt: skip
+MODELS = {"cartesian": {}, "grassmann": {"geometry": "grassmann"},
+          "cartesian-gaussian": {"harmonic_prior": False}}  # fmt: skip
+"""ShapeExperiment options of each model beyond ``grassflow train --data``'s defaults."""
+DEFAULT_MODELS = ("cartesian", "grassmann")
+TEST_ROW = "test conformers"
 TOL, CLASH = 0.1, 0.9  # relative bond tolerance; clash distance in Å
 N_REFERENCES = 16
 
 
 def experiment(data: Path, model: str, minutes: float, n_val: int) -> shapes.ShapeExperiment:
-    """The preset of ``grassflow train --data DATA --model MODEL`` with a total budget."""
-    exp = shapes.ShapeExperiment(data=str(data), model=model, n_val_flow=n_val)
-    exp.flow = exp.flow.replace(total_budget_minutes=minutes, clock="cpu")
+    """The preset of ``grassflow train --data DATA`` with `MODELS`' options for ``model`` and
+    a total CPU budget that validation counts against."""
+    exp = shapes.ShapeExperiment(data=str(data), n_val_flow=n_val, **MODELS[model])
+    exp.flow = exp.flow.replace(total_budget_minutes=minutes, clock="cpu",
+                                charge_validation=True)  # fmt: skip
     return exp
+
+
+def template(ens) -> object:
+    """The RDKit molecule of an ensemble, in its atom order."""
+    return chem.template_from_molblock(ens.molblock) if ens.molblock \
+        else chem.template_from_smiles(ens.smiles)  # fmt: skip
+
+
+def pictures(mol, X: np.ndarray, ref: np.ndarray, E: np.ndarray, E_ref: np.ndarray,
+             stem: Path, name: str) -> list[str]:  # fmt: skip
+    """Energy and torsion histograms of samples against the test conformers (and the
+    Ramachandran plot of alanine dipeptide), ``stem-*.png``."""
+    from grassflow.viz import plot_conformer_energies, plot_ramachandran, plot_torsions
+
+    labels = ("samples", "test conformers")
+    paths = [plot_conformer_energies(E, E_ref, f"{stem}-energy.png", labels)]
+    quads = chem.torsion_quads(mol)
+    if len(quads):
+        paths.append(plot_torsions(X, ref, quads, f"{stem}-torsions.png", labels))
+    if name == "alanine-dipeptide":
+        q = np.array(chem.alanine_dipeptide_phi_psi(mol))
+        paths.append(plot_ramachandran(chem.dihedrals(X, q), chem.dihedrals(ref, q),
+                                       f"{stem}-ramachandran.png", labels))  # fmt: skip
+    return [str(p) for p in paths]
+
+
+def evaluate_chemistry(run_dir: Path, mol, name: str, n_test: int, n_samples: int,
+                       pics: Path) -> dict:  # fmt: skip
+    """Exact test NLL of the first ``n_test`` test conformers, ``n_samples`` samples scored by
+    `chemistry_summary` against all test conformers, the costs of both, and the pictures."""
+    exp, model = shapes.load_run(run_dir)
+    test = shapes.load_clouds(exp)["test"]
+    clocks = lambda: (time.process_time(), time.perf_counter())
+    c0, w0 = clocks()
+    with torch.no_grad():
+        logp = torch.cat([model.log_prob(c) for c in test[:n_test].split(64)])
+        c1, w1 = clocks()
+        X = model.sample(n_samples, torch.Generator().manual_seed(0)).numpy()
+    c2, w2 = clocks()
+    np.save(run_dir / "samples.npy", X)
+    ref = test.numpy()
+    E, E_ref = chem.mmff_energies(mol, X), chem.mmff_energies(mol, ref)
+    flow = training_status(run_dir / "flow")
+    return {
+        **{k: -v if k == "test_nll" else v for k, v in mean_sem("test_nll", logp).items()},
+        "n_test": len(logp),
+        **chem.chemistry_summary(mol, X, ref, np.asarray(exp.bonds), E_samples=E, E_ref=E_ref),
+        "cpu_minutes": flow["cpu_minutes"], "wall_minutes": flow["wall_minutes"],
+        "val_cpu_minutes": flow["val_cpu_minutes"], "val_wall_minutes": flow["val_wall_minutes"],
+        "iterations": flow["iterations"], "params": sum(p.numel() for p in model.parameters()),
+        "nll_cpu_s_per_conf": (c1 - c0) / len(logp), "nll_wall_s_per_conf": (w1 - w0) / len(logp),
+        "sample_cpu_s_per_conf": (c2 - c1) / n_samples,
+        "sample_wall_s_per_conf": (w2 - w1) / n_samples,
+        "pictures": pictures(mol, X, ref, E, E_ref, pics / f"{name}-{run_dir.name}", name),
+    }  # fmt: skip
+
+
+def test_conformer_row(data: Path, mol) -> dict:
+    """`chemistry_summary` of the test conformers against themselves: their bonds, angles,
+    clashes and stereo, and the half-split values that the models' JSD and W1 aim at."""
+    test = shapes.load_clouds(shapes.ShapeExperiment(data=str(data)))["test"].numpy()
+    bonds = np.array([(b.GetBeginAtomIdx(), b.GetEndAtomIdx()) for b in mol.GetBonds()])
+    return chem.chemistry_summary(mol, test, test, bonds)
 
 
 def quality(X: np.ndarray, train: np.ndarray, bonds: np.ndarray, labels: np.ndarray) -> dict:
@@ -97,30 +168,6 @@ def quality(X: np.ndarray, train: np.ndarray, bonds: np.ndarray, labels: np.ndar
         "bonds_kept": bonds_kept_fraction(X, bonds, l0, TOL, labels=labels, reference=refs),
         "clash_fraction": closest_pair_fraction(X, CLASH),
     }
-
-
-def evaluate(run_dir: Path, bonds: np.ndarray, n_test: int, n_samples: int) -> dict:
-    """Test NLL of the first ``n_test`` test clouds, and the quality of ``n_samples``."""
-    cpu0 = time.process_time()
-    exp, model = shapes.load_run(run_dir)
-    splits = shapes.load_clouds(exp)
-    test = splits["test"][:n_test]
-    with torch.no_grad():
-        logp = torch.cat([model.log_prob(c) for c in test.split(64)])
-        X = model.sample(n_samples, torch.Generator().manual_seed(0)).numpy()
-    np.save(run_dir / "samples.npy", X)
-    flow = training_status(run_dir / "flow")
-    return {
-        **{k: -v if k == "test_nll" else v
-           for k, v in mean_sem("test_nll", logp).items()},  # fmt: skip
-        "n_test": len(test),
-        **quality(X, splits["train"].numpy(), bonds, np.asarray(exp.labels)),
-        "n_samples": n_samples,
-        "cpu_minutes": flow["cpu_minutes"],
-        "iterations": flow["iterations"], "gram_iterations": 0,
-        "params": sum(p.numel() for p in model.parameters()),
-        "eval_cpu_minutes": (time.process_time() - cpu0) / 60,
-    }  # fmt: skip
 
 
 def bond_fit(model, Y: torch.Tensor, bonds: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
@@ -198,16 +245,66 @@ def diagnose(run_dir: Path, bonds: np.ndarray, n_test: int, n_samples: int) -> d
     return out
 
 
-def data_row(path: Path, bonds: np.ndarray, n_test: int) -> dict:
-    """The same quality measures on the test conformers themselves (what a model aims at)."""
-    exp = shapes.ShapeExperiment(data=str(path))
-    splits = shapes.load_clouds(exp)
-    test = splits["test"][:n_test].numpy()
-    return {**quality(test, splits["train"].numpy(), bonds, np.asarray(splits["labels"])),
-            "n_samples": len(test)}  # fmt: skip
+def _targets(r: dict) -> str:
+    """Which of issue 35's targets a row meets: bonds >= 95 %, clashes < 1 %, torsion JSD and
+    energy W1 within 2x of the test conformers' half-split value, stereo >= 99 %."""
+    checks = {"bonds": r["bonds_kept"] >= 0.95, "clashes": r["clash_fraction"] < 0.01,
+              "W1": r["energy_w1"] <= 2 * r["energy_w1_half"],
+              "stereo": r["n_stereo"] == 0 or r["stereo_kept"] >= 0.99}  # fmt: skip
+    if r["torsion_jsd_mean"] is not None:
+        checks["JSD"] = r["torsion_jsd_mean"] <= 2 * r["torsion_jsd_half"]
+    missed = [k for k, ok in checks.items() if not ok]
+    return "all" if not missed else "missed: " + ", ".join(missed)
+
+
+def chemistry_markdown(rows: list[dict]) -> str:
+    """The issue-35 table: one row per molecule and model, and the test conformers'."""
+    f = lambda v, fmt: "–" if v is None else format(v, fmt)
+    lines = [
+        "Shape models with the molecule's chemistry (atom types, bond graph, harmonic prior) on "
+        "thermal MMFF94 conformer ensembles (300 K, hydrogens explicit), one CPU thread, "
+        "atoms in the molecule's order. NLL: nats per molecule, exact, first test conformers. "
+        f"Bonds: samples with every bond within {TOL:.0%} of its mean test length. Angle: "
+        "mean bond-angle error (°). Clashes: samples with two atoms closer than "
+        f"{CLASH} Å. JSD: mean torsion JSD (36 bins); W1: MMFF94 energy W1 (kcal/mol, capped); "
+        "both with the value between two halves of the test conformers in brackets. Stereo: "
+        "samples with the test conformers' stereo centres. Targets (issue 35): bonds >= 95 %, "
+        "clashes < 1 %, JSD and W1 <= 2x the half-split value, stereo >= 99 %. Costs: CPU "
+        "seconds per conformer of the exact NLL and of sampling.", "",
+        "| molecule | atoms | model | CPU min | test NLL | bonds | angle | clashes | torsion "
+        "JSD | energy W1 | stereo | targets | iterations | params | NLL s | sample s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in rows:
+        model = r["model"] if r["model"] == TEST_ROW else f"`{r['model']}`"
+        nll = "" if r.get("test_nll") is None else \
+            f"{r['test_nll']:.2f} ± {r['test_nll_sem']:.2f} (n={r['n_test']})"  # fmt: skip
+        data = r["model"] == TEST_ROW
+        jsd = f"– ({f(r['torsion_jsd_half'], '.3f')})" if data else \
+            f"{f(r['torsion_jsd_mean'], '.3f')} ({f(r['torsion_jsd_half'], '.3f')})"  # fmt: skip
+        w1 = f"– ({r['energy_w1_half']:.2f})" if data else \
+            f"{r['energy_w1']:.2f} ({r['energy_w1_half']:.2f})"  # fmt: skip
+        cost = ["", "", "", "", ""] if data else [
+            f"{r['cpu_minutes'] + r['val_cpu_minutes']:.1f}", f"{r['iterations']:,}",
+            f"{r['params']:,}", f"{r['nll_cpu_s_per_conf']:.2f}", f"{r['sample_cpu_s_per_conf']:.3f}"]
+        lines.append(
+            f"| {r['molecule']} | {r['n_atoms']} | {model} | {cost[0]} | {nll} | "
+            f"{r['bonds_kept']:.1%} | {r['angle_error']:.1f} | {r['clash_fraction']:.1%} | "
+            f"{jsd} | {w1} | {f(r['stereo_kept'] if r['n_stereo'] else None, '.1%')} | "
+            f"{'' if data else _targets(r)} | {' | '.join(cost[1:])} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def markdown(rows: list[dict]) -> str:
+    new = [r for r in rows if "energy_w1" in r]
+    old = [r for r in rows if "energy_w1" not in r]
+    parts = [chemistry_markdown(new)] if new else []
+    if old:
+        parts += ["Issue 22's rows: no bond graph, 4 CPU minutes.\n", legacy_markdown(old)]
+    return "\n".join(parts)
+
+
+def legacy_markdown(rows: list[dict]) -> str:
     lines = [
         "Shape models on thermal MMFF94 conformer ensembles (300 K, hydrogens explicit), one "
         "CPU thread. NLL: nats per molecule, exact, on the first test conformers. Bonds kept: "
@@ -253,65 +350,70 @@ def markdown(rows: list[dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--molecules", nargs="+", default=list(MOLECULES), choices=list(MOLECULES))
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--minutes", type=float, default=4.0, help="training CPU minutes per run")
+    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(MODELS))
+    p.add_argument("--minutes", type=float, default=20.0,
+                   help="CPU minutes of training and validation per run")
     p.add_argument("--n-conformers", type=int, default=3000)
-    p.add_argument("--n-test", type=int, default=200, help="test conformers for the NLL")
+    p.add_argument("--n-test", type=int, default=100, help="test conformers for the NLL")
     p.add_argument("--n-samples", type=int, default=1000)
-    p.add_argument("--n-val", type=int, default=200,
+    p.add_argument("--n-val", type=int, default=50,
                    help="validation conformers for the flow's exact NLL during training")
     p.add_argument("--seed", type=int, default=0, help="of the conformer ensembles")
     p.add_argument("--runs", default="runs/real_molecules")
     p.add_argument("--out", default="results")
     p.add_argument("--smoke", action="store_true",
-                   help="tiny: 200 conformers, 0.2 min, 20 test conformers, 100 samples")
+                   help="tiny: 200 conformers, 0.2 min, 10 test conformers, 100 samples")
     p.add_argument("--diagnose", action="store_true",
-                   help="add to finished ShapeFlow rows (runs made by 3531f93) where their "
-                        "nats and broken bonds come from (see diagnose)")
+                   help="add to finished two-part ShapeFlow rows (runs made by 3531f93) where "
+                        "their nats and broken bonds come from (see diagnose)")
     args = p.parse_args()
     if args.smoke:
         args.n_conformers, args.minutes, args.n_test, args.n_samples, args.n_val = \
-            200, 0.2, 20, 100, 20  # fmt: skip
+            200, 0.2, 10, 100, 10  # fmt: skip
     set_threads(1)
     runs, out = Path(args.runs), Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    pics = out / "real_molecules"
+    pics.mkdir(parents=True, exist_ok=True)
     path = out / "real_molecules.json"
     rows = json.loads(path.read_text()) if path.exists() else []
     key = lambda r: (r["molecule"], r["model"], r["n_conformers"], r.get("minutes"))
     done = {key(r) for r in rows}
-    for name in args.molecules:
-        data = runs / "data" / f"{name}-{args.n_conformers}-seed{args.seed}.npz"
-        ens = cached_ensemble(data, MOLECULES[name], args.n_conformers, seed=args.seed)
-        base = {"molecule": name, "smiles": ens.smiles, "n_atoms": ens.positions.shape[1],
-                "n_conformers": len(ens.positions), "data_acceptance": ens.stats["acceptance"],
-                "data_cpu_seconds": ens.stats["cpu_seconds"]}  # fmt: skip
-        todo = [("data", None)] + [(m, args.minutes) for m in args.models]
-        if args.diagnose:  # the removed model's finished rows
-            todo += [("shapeflow", r.get("minutes")) for r in rows
-                     if (r["molecule"], r["model"], r["n_conformers"])
-                     == (name, "shapeflow", base["n_conformers"])]  # fmt: skip
-        for model, minutes in todo:
-            row = {**base, "model": model, "minutes": minutes}
-            if key(row) in done:
-                if args.diagnose and model == "shapeflow":
-                    i = next(i for i, r in enumerate(rows) if key(r) == key(row))
-                    rows[i] |= diagnose(runs / name / model, ens.bonds, rows[i]["n_test"],
-                                        args.n_samples)  # fmt: skip
-                    path.write_text(json.dumps(rows, indent=1))
-                    (out / "real_molecules.md").write_text(markdown(rows))
-                continue
-            if model == "data":
-                row |= data_row(data, ens.bonds, args.n_samples)
-            else:
-                run_dir = runs / name / model
-                shapes.run(experiment(data, model, minutes, args.n_val), run_dir, resume=True,
-                           progress=False)  # fmt: skip
-                row |= evaluate(run_dir, ens.bonds, args.n_test, args.n_samples)
+
+    def save(row: dict | None = None) -> None:
+        if row is not None:
             rows.append(row)
             done.add(key(row))
             print(json.dumps(row), flush=True)
-            path.write_text(json.dumps(rows, indent=1))
-            (out / "real_molecules.md").write_text(markdown(rows))
+        path.write_text(json.dumps(rows, indent=1))
+        (out / "real_molecules.md").write_text(markdown(rows))
+
+    for name in args.molecules:
+        data = runs / "data" / f"{name}-{args.n_conformers}-seed{args.seed}.npz"
+        ens = cached_ensemble(data, MOLECULES[name], args.n_conformers, seed=args.seed)
+        mol = template(ens)
+        base = {"molecule": name, "smiles": ens.smiles, "n_atoms": ens.positions.shape[1],
+                "n_conformers": len(ens.positions), "data_acceptance": ens.stats["acceptance"],
+                "data_cpu_seconds": ens.stats["cpu_seconds"]}  # fmt: skip
+        if args.diagnose:  # the removed model's finished rows
+            for i, r in enumerate(rows):
+                if (r["molecule"], r["model"], r["n_conformers"]) == \
+                        (name, "shapeflow", base["n_conformers"]):  # fmt: skip
+                    r |= diagnose(runs / name / "shapeflow", ens.bonds, r["n_test"],
+                                  args.n_samples)  # fmt: skip
+            save()
+        if key({**base, "model": TEST_ROW}) not in done:
+            save({**base, "model": TEST_ROW, **test_conformer_row(data, mol)})
+        for model in args.models:
+            row = {**base, "model": model, "minutes": args.minutes}
+            if key(row) in done:
+                continue
+            run_dir = runs / name / model
+            c0, w0 = time.process_time(), time.perf_counter()
+            shapes.run(experiment(data, model, args.minutes, args.n_val), run_dir, resume=True,
+                       progress=False)  # fmt: skip
+            row["run_cpu_minutes_this_invocation"] = (time.process_time() - c0) / 60
+            row["run_wall_minutes_this_invocation"] = (time.perf_counter() - w0) / 60
+            save(row | evaluate_chemistry(run_dir, mol, name, args.n_test, args.n_samples, pics))
     print(markdown(rows))
 
 
