@@ -286,7 +286,8 @@ def chemistry_markdown(rows: list[dict]) -> str:
             f"{r['energy_w1']:.2f} ({r['energy_w1_half']:.2f})"  # fmt: skip
         cost = ["", "", "", "", ""] if data else [
             f"{r['cpu_minutes'] + r['val_cpu_minutes']:.1f}", f"{r['iterations']:,}",
-            f"{r['params']:,}", f"{r['nll_cpu_s_per_conf']:.2f}", f"{r['sample_cpu_s_per_conf']:.3f}"]
+            f"{r['params']:,}", f"{r['nll_cpu_s_per_conf']:.2f}",
+            f"{r['sample_cpu_s_per_conf']:.3f}"]
         lines.append(
             f"| {r['molecule']} | {r['n_atoms']} | {model} | {cost[0]} | {nll} | "
             f"{r['bonds_kept']:.1%} | {r['angle_error']:.1f} | {r['clash_fraction']:.1%} | "
@@ -395,7 +396,7 @@ def main() -> None:
                 "n_conformers": len(ens.positions), "data_acceptance": ens.stats["acceptance"],
                 "data_cpu_seconds": ens.stats["cpu_seconds"]}  # fmt: skip
         if args.diagnose:  # the removed model's finished rows
-            for i, r in enumerate(rows):
+            for r in rows:
                 if (r["molecule"], r["model"], r["n_conformers"]) == \
                         (name, "shapeflow", base["n_conformers"]):  # fmt: skip
                     r |= diagnose(runs / name / "shapeflow", ens.bonds, r["n_test"],

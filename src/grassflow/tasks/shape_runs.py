@@ -577,8 +577,9 @@ def save_sampled_clouds(
     written = save_clouds(X, out, labels, comment)
     if bonds is not None and labels is not None and X.shape[-1] == 3:
         titles = [f"{comment}, #{i}" for i in range(len(X))]
-        written.append(write_sdf(Path(out).with_suffix(".sdf"), X, np.asarray(labels),
-                                 np.asarray(bonds), bond_orders, titles, charges=charges))  # fmt: skip
+        sdf = Path(out).with_suffix(".sdf")
+        written.append(write_sdf(sdf, X, np.asarray(labels), np.asarray(bonds), bond_orders,
+                                 titles, charges=charges))  # fmt: skip
     return f"wrote {len(X)} clouds {tuple(X.shape)} to " + ", ".join(map(str, written))
 
 
