@@ -88,11 +88,13 @@ TOL, CLASH = 0.1, 0.9  # relative bond tolerance; clash distance in Å
 N_REFERENCES = 16
 
 
-def experiment(data: Path, model: str, minutes: float, n_val: int) -> shapes.ShapeExperiment:
+def experiment(data: Path, model: str, minutes: float, n_val: int, device: str = "cpu",
+               clock: str = "cpu") -> shapes.ShapeExperiment:  # fmt: skip
     """The preset of ``grassflow train --data DATA`` with `MODELS`' options for ``model`` and
-    a total CPU budget that validation counts against."""
+    a total budget (CPU minutes, or wall minutes with ``clock="wall"``) that validation
+    counts against, trained on ``device``."""
     exp = shapes.ShapeExperiment(data=str(data), n_val_flow=n_val, **MODELS[model])
-    exp.flow = exp.flow.replace(total_budget_minutes=minutes, clock="cpu",
+    exp.flow = exp.flow.replace(total_budget_minutes=minutes, clock=clock, device=device,
                                 charge_validation=True)  # fmt: skip
     return exp
 
@@ -122,17 +124,19 @@ def pictures(mol, X: np.ndarray, ref: np.ndarray, E: np.ndarray, E_ref: np.ndarr
 
 
 def evaluate_chemistry(run_dir: Path, mol, name: str, n_test: int, n_samples: int,
-                       pics: Path) -> dict:  # fmt: skip
+                       pics: Path, device: str = "cpu") -> dict:  # fmt: skip
     """Exact test NLL of the first ``n_test`` test conformers, ``n_samples`` samples scored by
-    `chemistry_summary` against all test conformers, the costs of both, and the pictures."""
+    `chemistry_summary` against all test conformers, the costs of both (on ``device``), and
+    the pictures."""
     exp, model = shapes.load_run(run_dir)
+    model.to(device)
     test = shapes.load_clouds(exp)["test"]
     clocks = lambda: (time.process_time(), time.perf_counter())
     c0, w0 = clocks()
     with torch.no_grad():
-        logp = torch.cat([model.log_prob(c) for c in test[:n_test].split(64)])
+        logp = torch.cat([model.log_prob(c.to(device)).cpu() for c in test[:n_test].split(64)])
         c1, w1 = clocks()
-        X = model.sample(n_samples, torch.Generator().manual_seed(0)).numpy()
+        X = model.sample(n_samples, torch.Generator().manual_seed(0)).cpu().numpy()
     c2, w2 = clocks()
     np.save(run_dir / "samples.npy", X)
     ref = test.numpy()
@@ -364,6 +368,10 @@ def main() -> None:
     p.add_argument("--out", default="results")
     p.add_argument("--smoke", action="store_true",
                    help="tiny: 200 conformers, 0.2 min, 10 test conformers, 100 samples")
+    p.add_argument("--device", default="cpu",
+                   help="train and evaluate there (rows are named MODEL@DEVICE, e.g. on cuda)")
+    p.add_argument("--clock", default="cpu", choices=("cpu", "wall"),
+                   help="of --minutes (wall for a GPU: its minutes are not CPU minutes)")
     p.add_argument("--diagnose", action="store_true",
                    help="add to finished two-part ShapeFlow rows (runs made by 3531f93) where "
                         "their nats and broken bonds come from (see diagnose)")
@@ -405,16 +413,19 @@ def main() -> None:
         if key({**base, "model": TEST_ROW}) not in done:
             save({**base, "model": TEST_ROW, **test_conformer_row(data, mol)})
         for model in args.models:
-            row = {**base, "model": model, "minutes": args.minutes}
+            label = model if args.device == "cpu" else f"{model}@{args.device}"
+            row = {**base, "model": label, "minutes": args.minutes, "clock": args.clock,
+                   "device": torch.cuda.get_device_name() if "cuda" in args.device else "cpu"}
             if key(row) in done:
                 continue
-            run_dir = runs / name / model
+            run_dir = runs / name / label.replace(":", "")
             c0, w0 = time.process_time(), time.perf_counter()
-            shapes.run(experiment(data, model, args.minutes, args.n_val), run_dir, resume=True,
-                       progress=False)  # fmt: skip
+            exp = experiment(data, model, args.minutes, args.n_val, args.device, args.clock)
+            shapes.run(exp, run_dir, resume=True, progress=False)
             row["run_cpu_minutes_this_invocation"] = (time.process_time() - c0) / 60
             row["run_wall_minutes_this_invocation"] = (time.perf_counter() - w0) / 60
-            save(row | evaluate_chemistry(run_dir, mol, name, args.n_test, args.n_samples, pics))
+            save(row | evaluate_chemistry(run_dir, mol, name, args.n_test, args.n_samples, pics,
+                                          args.device))  # fmt: skip
     print(markdown(rows))
 
 

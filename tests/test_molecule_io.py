@@ -359,6 +359,7 @@ def test_smiles_to_conformers_to_model_to_sdf(tmp_path, monkeypatch, capsys):
              "1e-4", "--rtol", "1e-4", "--no-eval", "--no-progress"]  # fmt: skip
     assert main([*train, "--run-dir", "run"]) == 0
     assert "bonds: 8 (with orders) of CCO" in capsys.readouterr().out
+    assert main([*train, "--run-dir", "run", "--resume", "--iterations", "3"]) == 0  # same run
     exp = json.loads((tmp_path / "run" / "experiment.json").read_text())
     assert exp["use_bonds"] and exp["harmonic_prior"] and len(exp["bonds"]) == 8
     _, model = shapes.load_run("run")

@@ -157,10 +157,10 @@ def _mismatch(
             return f"{run_dir} holds a training checkpoint but no experiment.json"
         return None
     old = _flatten(json.loads(exp_path.read_text()))
-    new = _flatten(preset)
+    new = _flatten(json.loads(json.dumps(preset)))  # as saved: nested tuples become lists
     if data_path.exists():
         old.update(_flatten({"data": json.loads(data_path.read_text())}))
-        new.update(_flatten({"data": data}))
+        new.update(_flatten({"data": json.loads(json.dumps(data))}))
     else:
         logger.warning("%s predates data.json: adopting it for the data given now", run_dir)
     diffs = []
