@@ -124,7 +124,7 @@ def pictures(mol, X: np.ndarray, ref: np.ndarray, E: np.ndarray, E_ref: np.ndarr
 
 
 def evaluate_chemistry(run_dir: Path, mol, name: str, n_test: int, n_samples: int,
-                       pics: Path, device: str = "cpu") -> dict:  # fmt: skip
+                       pics: Path, device: str = "cpu", minutes: float = 0.0) -> dict:  # fmt: skip
     """Exact test NLL of the first ``n_test`` test conformers, ``n_samples`` samples scored by
     `chemistry_summary` against all test conformers, the costs of both (on ``device``), and
     the pictures."""
@@ -152,7 +152,8 @@ def evaluate_chemistry(run_dir: Path, mol, name: str, n_test: int, n_samples: in
         "nll_cpu_s_per_conf": (c1 - c0) / len(logp), "nll_wall_s_per_conf": (w1 - w0) / len(logp),
         "sample_cpu_s_per_conf": (c2 - c1) / n_samples,
         "sample_wall_s_per_conf": (w2 - w1) / n_samples,
-        "pictures": pictures(mol, X, ref, E, E_ref, pics / f"{name}-{run_dir.name}", name),
+        "pictures": pictures(mol, X, ref, E, E_ref, pics / f"{name}-{run_dir.name}-{minutes:g}min",
+                             name),
     }  # fmt: skip
 
 
@@ -273,9 +274,11 @@ def chemistry_markdown(rows: list[dict]) -> str:
         f"{CLASH} Å. JSD: mean torsion JSD (36 bins); W1: MMFF94 energy W1 (kcal/mol, capped); "
         "both with the value between two halves of the test conformers in brackets. Stereo: "
         "samples with the test conformers' stereo centres. Targets (issue 35): bonds >= 95 %, "
-        "clashes < 1 %, JSD and W1 <= 2x the half-split value, stereo >= 99 %. Costs: CPU "
-        "seconds per conformer of the exact NLL and of sampling.", "",
-        "| molecule | atoms | model | CPU min | test NLL | bonds | angle | clashes | torsion "
+        "clashes < 1 %, JSD and W1 <= 2x the half-split value, stereo >= 99 %. Budget: of "
+        "training and validation, CPU minutes of one thread, or wall minutes on a GPU (GPU rows "
+        "shared one H200 among 4 or 6 runs: `gpu_share`). Costs: seconds per conformer of the "
+        "exact NLL and of sampling (CPU seconds; on a GPU, of the process driving it).", "",
+        "| molecule | atoms | model | budget (min) | test NLL | bonds | angle | clashes | torsion "
         "JSD | energy W1 | stereo | targets | iterations | params | NLL s | sample s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
@@ -289,7 +292,8 @@ def chemistry_markdown(rows: list[dict]) -> str:
         w1 = f"– ({r['energy_w1_half']:.2f})" if data else \
             f"{r['energy_w1']:.2f} ({r['energy_w1_half']:.2f})"  # fmt: skip
         cost = ["", "", "", "", ""] if data else [
-            f"{r['cpu_minutes'] + r['val_cpu_minutes']:.1f}", f"{r['iterations']:,}",
+            f"{r['minutes']:g} {r.get('clock', 'cpu')}" + (" GPU" if r.get("device", "cpu") != "cpu"
+                                                            else ""), f"{r['iterations']:,}",
             f"{r['params']:,}", f"{r['nll_cpu_s_per_conf']:.2f}",
             f"{r['sample_cpu_s_per_conf']:.3f}"]
         lines.append(
@@ -425,7 +429,7 @@ def main() -> None:
             row["run_cpu_minutes_this_invocation"] = (time.process_time() - c0) / 60
             row["run_wall_minutes_this_invocation"] = (time.perf_counter() - w0) / 60
             save(row | evaluate_chemistry(run_dir, mol, name, args.n_test, args.n_samples, pics,
-                                          args.device))  # fmt: skip
+                                          args.device, args.minutes))  # fmt: skip
     print(markdown(rows))
 
 
