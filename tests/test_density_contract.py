@@ -71,9 +71,11 @@ def _grcnf_case() -> Case:
 
 
 # a 5-atom "molecule" in the plane: 0-1, 1-2, 2-3, 1-4, atoms 0 and 4 alike (so swapping them
-# is an automorphism of the labelled graph), and 1, 2, 3 of other types
+# is an automorphism of the labelled graph), and 1, 2, 3 of other types; kept to one hand by
+# the signed area of 1 and 3 around 2 (which the swap leaves alone)
 MOLECULE = {"labels": torch.tensor([1, 6, 6, 8, 1]), "bonds": torch.tensor([[0, 1], [1, 2],
-            [2, 3], [1, 4]]), "bond_orders": torch.tensor([1.0, 1.0, 2.0, 1.0])}  # fmt: skip
+            [2, 3], [1, 4]]), "bond_orders": torch.tensor([1.0, 1.0, 2.0, 1.0]),
+            "hand": (2, 1, 3)}  # fmt: skip
 
 
 def _template_clouds(B, g, relabel=True):
@@ -118,20 +120,31 @@ def _shape_case(geometry: str, molecule: bool = False) -> Case:
         Sigma = model.H.mT @ torch.linalg.pinv(torch.diag(A.sum(1)) - A) @ model.H
     mvn = torch.distributions.MultivariateNormal(torch.zeros(4, dtype=F64), Sigma)
 
+    def area(x):  # the molecule's hand, written out: 1 and 3 around 2
+        u, v = x[:, 1] - x[:, 2], x[:, 3] - x[:, 2]
+        return u[:, 0] * v[:, 1] - u[:, 1] * v[:, 0]
+
     def log_gauss(x, scale):
         z = model.helmert(x) / (scale * sigma)  # (N, 4, 2): two independent columns
-        return mvn.log_prob(z.mT).sum(-1) - dim * math.log(scale * sigma)
+        lq = mvn.log_prob(z.mT).sum(-1) - dim * math.log(scale * sigma)
+        if molecule:  # the Gaussian kept to one hand: reflection invariant, so twice as dense
+            lq = torch.where(area(x) > 0, lq + math.log(2.0), -math.inf)
+        return lq
 
     def proposal(N, gen, scale):
         z = scale * sigma * (torch.linalg.cholesky(Sigma) @ torch.randn(N, 4, 2, generator=gen,
                                                                           dtype=F64))  # fmt: skip
         x = model.clouds(z)
+        if molecule:  # mirror images reflected into the hand
+            x = torch.where(area(x)[:, None, None] < 0, x * torch.tensor([1.0, -1.0]), x)
         return x, log_gauss(x, scale)
 
     def symmetries(x):
+        if molecule:  # one hand: rotations, the automorphism and translations only
+            return [(x @ random_orthogonal(2, reflect=False).to(F64))[:, [4, 1, 2, 3, 0]] + 3.0]
         Q = random_orthogonal(2).to(F64)
-        perm = torch.tensor([4, 1, 2, 3, 0]) if molecule else torch.randperm(5)
-        return [(x @ Q)[:, perm] + 3.0, x @ torch.diag(torch.tensor([1.0, -1.0], dtype=F64))]
+        return [(x @ Q)[:, torch.randperm(5)] + 3.0,
+                x @ torch.diag(torch.tensor([1.0, -1.0], dtype=F64))]  # fmt: skip
 
     x = data[:3]
     bad = [(x[:, :4], r"\(B, 5, 2\)"), (x.float(), "float32"),

@@ -364,15 +364,20 @@ def test_smiles_to_conformers_to_model_to_sdf(tmp_path, monkeypatch, capsys):
     assert exp["use_bonds"] and exp["harmonic_prior"] and len(exp["bonds"]) == 8
     _, model = shapes.load_run("run")
     assert model.prior == "harmonic" and model.field.edges is not None
+    # MCMC never swaps the labelled hydrogens of a CH2: its conformers keep one hand
+    assert model.hand is not None and tuple(model.hand.tolist()) == tuple(exp["hand"])
     assert (tmp_path / "run" / "molecule.mol").exists()
     assert main(["sample", "run", "--n", "5", "--out", "s.sdf"]) == 0
     data, samples = load_point_clouds("data/CCO.npz"), load_point_clouds("s.sdf")
     assert samples.positions.shape == (5, 9, 3) and table(samples) == table(data)
+    c, *js = exp["hand"]
+    assert (np.linalg.det(samples.positions[:, js] - samples.positions[:, [c]]) > 0).all()
     assert (samples.labels == data.labels[0]).all() and samples.smiles == "CCO"
 
     assert main([*train, "--run-dir", "plain", "--no-bonds"]) == 0
     _, plain = shapes.load_run("plain")
     assert plain.prior == "gaussian" and plain.field.edges is None and plain.labels is not None
+    assert plain.hand is None
     assert main([*train, "--run-dir", "bad", "--no-bonds", "--prior", "harmonic"]) == 2
     assert "harmonic prior needs the bonds" in capsys.readouterr().err
     np.save("plain.npy", data.positions)

@@ -239,3 +239,49 @@ def test_bonded_config_round_trips_through_json():
     P = torch.randn(3, 8, 3)
     with torch.no_grad():
         torch.testing.assert_close(again.log_prob(P), m.log_prob(P))
+
+
+def test_find_hand_needs_one_hand_in_every_cloud_and_a_non_flat_centre():
+    # bug caught: a hand found in racemic data (every mirror-image test cloud would get
+    # -inf), at a planar centre (its sign is noise), or with neighbours ordered so the data's
+    # volume is negative
+    from grassflow.data.molecule_files import find_hand
+
+    g = torch.Generator().manual_seed(0)
+    tetra = torch.tensor([[0, 0, 0], [1, 1, 1], [1, -1, -1], [-1, 1, -1], [-1, -1, 1.0]])
+    bonds = [[0, 1], [0, 2], [0, 3], [0, 4]]
+    Q = torch.stack([random_orthogonal(3, reflect=False) for _ in range(200)])
+    one_hand = (tetra + 0.1 * torch.randn(200, 5, 3, generator=g)) @ Q
+    hand = find_hand(one_hand.numpy(), bonds)
+    c, *js = hand
+    assert c == 0 and (torch.linalg.det(one_hand[:, js] - one_hand[:, [c]]) > 0).all()
+    mirrored = one_hand * torch.tensor([1.0, 1.0, -1.0])
+    assert find_hand(torch.cat([one_hand, mirrored]).numpy(), bonds) is None
+    flat = tetra * torch.tensor([1.0, 1.0, 0.0])  # a planar centre: the sign is noise
+    flat = (flat + 0.1 * torch.randn(200, 5, 3, generator=g)) @ Q
+    assert find_hand(flat.numpy(), bonds) is None
+
+
+def test_a_handed_model_is_twice_as_dense_on_its_hand_and_never_draws_the_mirror():
+    # bug caught: the hand's log 2 missing (the density would integrate to 1/2), mirror images
+    # scored, samples of the wrong hand returned, or a rotation that flips the hand
+    kw = dict(hidden=8, layers=1, bonds=RING, bond_orders=RING_ORDERS, prior="harmonic")
+    plain, handed = ShapeFlow(8, 3, **kw), ShapeFlow(8, 3, **kw, hand=(0, 1, 5, 6))
+    for mlp in plain.field.coord:
+        torch.nn.init.normal_(mlp[-1].weight, std=0.3)
+    handed.load_state_dict(plain.state_dict())  # the same flow: the hand is not a parameter
+    X = handed.sample(50, torch.Generator().manual_seed(3))
+    vol = torch.linalg.det(X[:, [1, 5, 6]] - X[:, [0]])
+    assert (vol > 0).all()
+    with torch.no_grad():
+        torch.testing.assert_close(handed.log_prob(X), plain.log_prob(X) + math.log(2))
+        mirror = X * torch.tensor([-1.0, 1.0, 1.0])
+        assert torch.isinf(handed.log_prob(mirror)).all() and (handed.log_prob(mirror) < 0).all()
+        turned = X @ random_orthogonal(3, reflect=False)
+        torch.testing.assert_close(handed.log_prob(turned), handed.log_prob(X), atol=1e-3,
+                                   rtol=0)  # the ODE's tolerance; a flipped hand gives -inf
+    Y, lp = handed.sample_with_log_prob(5, torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(lp, handed.log_prob(Y), atol=1e-2, rtol=0)  # log 2 = 0.69
+    with pytest.raises(ValueError, match="distinct point indices"):
+        ShapeFlow(8, 3, hand=(0, 1, 1, 6))

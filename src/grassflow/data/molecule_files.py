@@ -22,7 +22,7 @@ import numpy as np
 from ..io import atomic_write
 from .point_clouds import ELEMENTS, PointClouds, element_symbol
 
-__all__ = ["BOND_ORDERS", "SDF_SUFFIXES", "bond_table", "check_bonds", "ensemble_chemistry",
+__all__ = ["BOND_ORDERS", "SDF_SUFFIXES", "bond_table", "check_bonds", "ensemble_chemistry", "find_hand",
            "molblock_charges", "npz_chemistry", "read_sdf", "write_sdf"]  # fmt: skip
 
 BOND_ORDERS = (1.0, 1.5, 2.0, 3.0)
@@ -97,6 +97,37 @@ def bond_table(
         i, j = ij[dup[0]]
         raise ValueError(f"{where}: duplicate bonds: atoms {i} and {j} are bonded twice")
     return ij, None if o is None else o[perm]
+
+
+def find_hand(X: np.ndarray, bonds: np.ndarray, margin: float = 0.1) -> tuple[int, ...] | None:
+    """A handedness that every cloud shares: ``(c, j_1, ..., j_d)``, a point c and d of its
+    bonded neighbours whose signed volume ``det[x_{j_k} - x_c]`` is positive in every cloud
+    of ``X: (N, n, d)`` (neighbours ordered so), or None when no point's is (an achiral
+    molecule, or conformers of both hands). Of several, the one farthest from flat: the
+    largest ``min |det| / median |det|``, which must be at least ``margin`` (a planar centre,
+    e.g. an amide N, never qualifies)."""
+    X = np.asarray(X, dtype=np.float64)
+    d = X.shape[-1]
+    if d < 2:  # a hand needs two neighbours to swap
+        return None
+    neighbours: dict[int, list[int]] = {}
+    for i, j in np.asarray(bonds, dtype=np.int64).tolist():
+        neighbours.setdefault(i, []).append(j)
+        neighbours.setdefault(j, []).append(i)
+    best, best_margin = None, margin
+    for c, nb in sorted(neighbours.items()):
+        if len(nb) < d:
+            continue
+        js = sorted(nb)[:d]
+        det = np.linalg.det(X[:, js] - X[:, c : c + 1])
+        if not ((det > 0).all() or (det < 0).all()):
+            continue
+        m = np.abs(det).min() / np.median(np.abs(det))
+        if m >= best_margin:
+            if det[0] < 0:  # swapping two neighbours flips the sign
+                js[0], js[1] = js[1], js[0]
+            best, best_margin = (c, *js), m
+    return best
 
 
 def write_sdf(

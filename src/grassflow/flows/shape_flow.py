@@ -33,6 +33,13 @@ per-point ``labels`` (atom types) only relabellings that keep the labels leave i
 and with ``bonds`` (the field's edge features, the harmonic prior) only those that also keep
 the bond graph.
 
+A chiral molecule's conformers all have one hand, which a reflection-invariant density
+cannot tell from its mirror image: it puts half its mass there. With ``hand`` (d + 1 points,
+`grassflow.data.molecule_files.find_hand`) the model is restricted to the data's hand
+exactly: ``2 p(x)`` where the hand's signed volume is positive, 0 on the mirror images (p is
+reflection invariant, so this integrates to one), and samples of the wrong hand are
+reflected.
+
 References:
     Klein, Krämer, Noé. Equivariant Flow Matching. NeurIPS 2023, arXiv:2306.15030.
     Satorras, Hoogeboom, Welling. E(n) Equivariant Graph Neural Networks. ICML 2021.
@@ -81,6 +88,9 @@ class ShapeFlowConfig:
         bonds, bond_orders: a molecule's bond graph, ``((i, j), ...)`` and its orders
             (`grassflow.data.molecule_files.BOND_ORDERS`), edge features of the field; or None.
         prior: ``"gaussian"`` (isotropic) or ``"harmonic"`` (from the bond graph).
+        hand: d + 1 point indices (a centre, then d neighbours) whose signed volume
+            ``det[x_j - x_c]`` is positive on the data: the density keeps that hand only
+            (a chiral molecule); None: both hands.
     """
 
     n_points: int
@@ -100,6 +110,7 @@ class ShapeFlowConfig:
     bonds: tuple[tuple[int, int], ...] | None = None
     bond_orders: tuple[float, ...] | None = None
     prior: str = "gaussian"
+    hand: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.geometry not in GEOMETRIES:
@@ -116,6 +127,12 @@ class ShapeFlowConfig:
             object.__setattr__(self, "bonds", tuple((int(i), int(j)) for i, j in self.bonds))
         if self.bond_orders is not None:
             object.__setattr__(self, "bond_orders", tuple(float(o) for o in self.bond_orders))
+        if self.hand is not None:
+            object.__setattr__(self, "hand", tuple(int(i) for i in self.hand))
+            if len(self.hand) != self.dim + 1 or len(set(self.hand)) != self.dim + 1 or not all(
+                    0 <= i < self.n_points for i in self.hand):  # fmt: skip
+                raise ValueError(f"hand must be {self.dim + 1} distinct point indices in "
+                                 f"0..{self.n_points - 1}, got {self.hand}")  # fmt: skip
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -152,6 +169,7 @@ class ShapeFlow(nn.Module):
             `EGNNField`, and the harmonic prior's graph.
         bond_orders: optional ``(B,)`` orders of those bonds.
         prior: ``"gaussian"`` or ``"harmonic"`` (needs ``bonds``).
+        hand: optional d + 1 point indices: keep only the data's hand (`ShapeFlowConfig`).
 
     ``model.config`` is the `ShapeFlowConfig` it was built from (``prior_std`` as given;
     the fitted value is the buffer ``model.prior_std``).
@@ -186,13 +204,14 @@ class ShapeFlow(nn.Module):
         bonds: Tensor | None = None,
         bond_orders: Tensor | None = None,
         prior: str = "gaussian",
+        hand: tuple[int, ...] | None = None,
     ):
         super().__init__()
         listed = lambda a: None if a is None else tuple(torch.as_tensor(a).tolist())
         self.config = ShapeFlowConfig(
             n_points, dim, geometry, coupling, hidden, layers, attention, coord_range,
             float(prior_std), atol, rtol, chunk_size, listed(labels), n_labels, listed(bonds),
-            listed(bond_orders), prior,
+            listed(bond_orders), prior, listed(hand),
         )  # fmt: skip
         if not (isinstance(chunk_size, int) and chunk_size >= 1):
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
@@ -209,6 +228,9 @@ class ShapeFlow(nn.Module):
         if prior == "harmonic":  # Sigma = C C^T; rebuilt from the config, so not saved
             C = torch.linalg.cholesky(harmonic_covariance(self.field.bonds, n_points))
             self.register_buffer("prior_factor", C, persistent=False)
+        hand = self.config.hand  # rebuilt from the config, so not saved
+        self.register_buffer("hand", None if hand is None else torch.tensor(hand),
+                             persistent=False)  # fmt: skip
         self.last_stats: dict = {}
 
     @property
@@ -341,7 +363,31 @@ class ShapeFlow(nn.Module):
         out = []
         for z1 in self.helmert(P).split(self.chunk_size):
             out.append(self._chunk_log_prob(z1))
-        return torch.cat(out)
+        return self._keep_hand(P, torch.cat(out))
+
+    def handedness(self, P: Tensor) -> Tensor:
+        """The signed volume ``det[P_j - P_c]`` ``(B,)`` of the ``hand`` points of clouds
+        ``P: (B, n, d)``: positive on the data's hand, negative on its mirror images."""
+        if self.hand is None:
+            raise ValueError("this model keeps both hands (hand=None)")
+        return torch.linalg.det(P[..., self.hand[1:], :] - P[..., self.hand[:1], :])
+
+    def _keep_hand(self, P: Tensor, log_p: Tensor) -> Tensor:
+        """``log_p + log 2`` on the data's hand, ``-inf`` on the mirror images (no ``hand``:
+        ``log_p``)."""
+        if self.hand is None:
+            return log_p
+        return torch.where(self.handedness(P) > 0, log_p + math.log(2.0),
+                           torch.full_like(log_p, -math.inf))  # fmt: skip
+
+    def _to_hand(self, X: Tensor) -> Tensor:
+        """Clouds ``X: (B, n, d)`` with the mirror images reflected (first axis) into the
+        data's hand (no ``hand``: ``X``)."""
+        if self.hand is None:
+            return X
+        mirror = torch.ones(self.dim, dtype=X.dtype, device=X.device)
+        mirror[0] = -1.0
+        return torch.where((self.handedness(X) < 0)[:, None, None], X * mirror, X)
 
     def _chunk_log_prob(self, z1: Tensor) -> Tensor:
         try:
@@ -385,7 +431,7 @@ class ShapeFlow(nn.Module):
             x0 = self.sample_prior(m, generator)
             z = [self._solve(c, 0.0, 1.0, divergence=False)[0]
                  for c in (self.H.to(x0).mT @ x0).split(self.chunk_size)]  # fmt: skip
-            return self.clouds(torch.cat(z))
+            return self._to_hand(self.clouds(torch.cat(z)))
 
     def sample_with_log_prob(
         self, m: int, generator: torch.Generator | None = None
@@ -400,7 +446,9 @@ class ShapeFlow(nn.Module):
                 z1, a = self._solve(c, 0.0, 1.0, divergence=True)  # a(1) = int_0^1 div dt
                 zs.append(z1)
                 logps.append(self.prior_log_prob(c) - a)
-            return self.clouds(torch.cat(zs)), torch.cat(logps)
+            X = self.clouds(torch.cat(zs))
+            # the reflected ones keep their density: p is reflection invariant
+            return self._to_hand(X), self._keep_hand(self._to_hand(X), torch.cat(logps))
 
 
 class _ChunkLogProb(nn.Module):

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.molecule_files import molblock_charges, write_sdf
+from ..data.molecule_files import find_hand, molblock_charges, write_sdf
 from ..data.point_clouds import element_symbol, labels_path, load_point_clouds, save_clouds
 from ..flows import ShapeFlow, ShapeFlowConfig
 from ..manifolds.shape_paths import GEOMETRIES
@@ -137,6 +137,11 @@ class ShapeExperiment:
         harmonic_prior: start the flow from the bond graph's harmonic Gaussian instead of
             the isotropic one (`ShapeFlow`'s ``prior``). None, the default, is resolved by
             `run`: True for a new run that uses bonds, the saved value when continuing one.
+        hand: d + 1 atoms whose signed volume keeps one sign in every training cloud
+            (`grassflow.data.molecule_files.find_hand`: a chiral molecule, or labelled atoms
+            that never swap): the model keeps that hand (`ShapeFlow`'s ``hand``). Set by
+            `run` for a new run that uses bonds (None when no such atoms exist); a
+            continued run keeps its saved value.
     """
 
     data: str
@@ -163,6 +168,7 @@ class ShapeExperiment:
     smiles: str | None = None
     use_bonds: bool | None = None
     harmonic_prior: bool | None = None
+    hand: tuple[int, ...] | None = None
 
     def __post_init__(self):
         refuse_removed_model(self.model)
@@ -187,6 +193,8 @@ class ShapeExperiment:
             self.bonds = tuple((int(i), int(j)) for i, j in self.bonds)
         if self.bond_orders is not None:
             self.bond_orders = tuple(float(o) for o in self.bond_orders)
+        if self.hand is not None:
+            self.hand = tuple(int(i) for i in self.hand)
         if self.harmonic_prior and self.use_bonds is False:
             raise ValueError("the harmonic prior needs the bonds that --no-bonds drops")
         if self.harmonic_prior and self.n_points is not None and not self.bonds:  # data read
@@ -283,7 +291,7 @@ def build_model(exp: ShapeExperiment) -> ShapeFlow:
         hidden=exp.hidden or _DEFAULTS.hidden, layers=exp.layers, atol=exp.atol, rtol=exp.rtol,
         chunk_size=exp.chunk_size, labels=labels, bonds=bonds,
         bond_orders=exp.bond_orders if bonds else None,
-        prior="harmonic" if exp.harmonic_prior else "gaussian",
+        prior="harmonic" if exp.harmonic_prior else "gaussian", hand=exp.hand if bonds else None,
     )  # fmt: skip
     with seeded_init(exp.flow.seed):
         return ShapeFlow.from_config(config).double()
@@ -334,6 +342,13 @@ def run(
     if exp.harmonic_prior is None:
         new = bool(exp.bonds and exp.use_bonds)
         exp = dataclasses.replace(exp, harmonic_prior=old.get("harmonic_prior") if old else new)
+    if old:
+        exp = dataclasses.replace(exp, hand=old.get("hand"))
+    elif exp.bonds and exp.use_bonds:
+        exp = dataclasses.replace(exp, hand=find_hand(splits["train"].numpy(), exp.bonds))
+    if exp.hand is not None:
+        print(f"hand: atoms {exp.hand[1:]} around atom {exp.hand[0]} keep one hand in every "
+              "training cloud, so the model keeps it (its mirror images get density 0)")
     identity = {"path": str(Path(exp.data).resolve()),
                 **data_identity(**{s: splits[s] for s in ("train", "val", "test")})}  # fmt: skip
     claim_run_dir(run_dir, exp.to_dict(), identity, kind="shapes", added=ADDED_FIELDS,
