@@ -22,8 +22,8 @@ import numpy as np
 from ..io import atomic_write
 from .point_clouds import ELEMENTS, PointClouds, element_symbol
 
-__all__ = ["BOND_ORDERS", "SDF_SUFFIXES", "bond_table", "check_bonds", "ensemble_chemistry", "find_hand",
-           "molblock_charges", "npz_chemistry", "read_sdf", "write_sdf"]  # fmt: skip
+__all__ = ["BOND_ORDERS", "SDF_SUFFIXES", "bond_table", "check_bonds", "ensemble_chemistry",
+           "find_hand", "molblock_charges", "npz_chemistry", "read_sdf", "write_sdf"]  # fmt: skip
 
 BOND_ORDERS = (1.0, 1.5, 2.0, 3.0)
 """The bond orders grassflow keeps: single, aromatic, double, triple."""
