@@ -446,9 +446,9 @@ class ShapeFlow(nn.Module):
                 z1, a = self._solve(c, 0.0, 1.0, divergence=True)  # a(1) = int_0^1 div dt
                 zs.append(z1)
                 logps.append(self.prior_log_prob(c) - a)
-            X = self.clouds(torch.cat(zs))
             # the reflected ones keep their density: p is reflection invariant
-            return self._to_hand(X), self._keep_hand(self._to_hand(X), torch.cat(logps))
+            X = self._to_hand(self.clouds(torch.cat(zs)))
+            return X, self._keep_hand(X, torch.cat(logps))
 
 
 class _ChunkLogProb(nn.Module):
