@@ -78,7 +78,10 @@ from grassflow_paper.two_part import (
 )
 
 MOLECULES = {"butane": "CCCC", "glycerol": "OCC(O)CO",
-             "alanine-dipeptide": "CC(=O)NC(C)C(=O)NC", "cyclohexanol": "OC1CCCCC1"}  # fmt: skip
+             "alanine-dipeptide": "CC(=O)NC(C)C(=O)NC", "cyclohexanol": "OC1CCCCC1",
+             "l-alanine-dipeptide": "CC(=O)N[C@@H](C)C(=O)NC"}  # fmt: skip
+"""``alanine-dipeptide`` has no stereo mark, so its ensemble holds both hands; the natural
+``l-alanine-dipeptide`` (Ac-L-Ala-NHMe) is the row that measures stereo kept."""
 MODELS = {"cartesian": {}, "grassmann": {"geometry": "grassmann"},
           "cartesian-gaussian": {"harmonic_prior": False}}  # fmt: skip
 """ShapeExperiment options of each model beyond ``grassflow train --data``'s defaults."""
@@ -116,7 +119,7 @@ def pictures(mol, X: np.ndarray, ref: np.ndarray, E: np.ndarray, E_ref: np.ndarr
     quads = chem.torsion_quads(mol)
     if len(quads):
         paths.append(plot_torsions(X, ref, quads, f"{stem}-torsions.png", labels))
-    if name == "alanine-dipeptide":
+    if name.endswith("alanine-dipeptide"):
         q = np.array(chem.alanine_dipeptide_phi_psi(mol))
         paths.append(plot_ramachandran(chem.dihedrals(X, q), chem.dihedrals(ref, q),
                                        f"{stem}-ramachandran.png", labels))  # fmt: skip
