@@ -211,7 +211,7 @@ def test_bonded_equivariant_ot_rotates_but_never_relabels(monkeypatch):
     # bug caught: the coupling relabelling a bonded model's clouds within an element (it
     # would pair the prior with molecules whose bonds join other atoms)
     seen = {}
-    losses = lambda model, x0, x1, t, g: seen.update(x0=x0, x1=x1) or x1.sum(-1)
+    losses = lambda model, x0, x1, t, g, labels=None: seen.update(x0=x0, x1=x1) or x1.sum(-1)
     monkeypatch.setattr("grassflow.training.shape_matching.cfm_losses", losses)
     model = ShapeFlow(8, 3, hidden=8, layers=1, bonds=RING, prior="harmonic")
     data = torch.randn(6, 8, 3) + 1.0

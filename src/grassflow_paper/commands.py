@@ -84,7 +84,7 @@ def cmd_reproduce_table2(args) -> None:
 
 
 _EFM_OPTIONS = ("hidden", "layers", "lr", "batch_size", "coupling", "geometry", "dtype",
-                "n_val", "chunk_size")
+                "n_val", "chunk_size", "atom_types")
 
 
 def cmd_reproduce_vs_enf(args) -> None:
@@ -234,6 +234,10 @@ def add_commands(sub) -> None:
                            help="of the flow-matching paths: straight lines between aligned "
                                 "clouds (EFM's) or the Grassmann bundle (span x metric)")
     efm_group.add_argument("--dtype", choices=("float32", "float64"), help="of training")
+    efm_group.add_argument("--atom-types", action="store_true", default=None,
+                           help="QM9: each molecule's atom types as node features; the model "
+                                "is then p(x | types), and the rows add a bound of the "
+                                "positional NLL (grassflow_paper.efm)")  # fmt: skip
     efm_group.add_argument("--n-val", type=int,
                            help="validation configurations of the exact NLL (default 100; "
                                 "LJ55: 1, since one costs ~26 CPU s)")  # fmt: skip

@@ -10,12 +10,24 @@ sit side by side in ``results/vs_enf.json``.
 
 A run directory ``<runs_dir>/<system>-<model>-n<n_train>-s<seed>`` holds ``experiment.json``,
 ``data.json``, ``flow/`` (the training run) and ``eval.json``.
+
+QM9 with ``atom_types``: each molecule's atom types (H, C, N, O, F) are node features of the
+EGNN, given per molecule, so the model is the conditional density ``p(x | a)`` of the
+positions given the atoms' types, on E-NF's 54-D centred space; samples are drawn for the
+types of training molecules. It is not E-NF's positional density ``p(x)``, which must also
+say which atom is which. A positional density follows by mixing over the labellings,
+``q(x) = sum_a q(a) p(x | a)`` with ``q(a) = p(c(a)) / M(c(a))`` (``p(c)``: the training
+compositions' frequencies, add-one over all compositions of 19 atoms; ``M(c)``: the labellings
+of composition ``c``). Since ``q(x) >= q(a) p(x | a)``, its NLL is at most
+``-log p(x | a) - log p(c) + log M(c)`` (`positional_bound`): an upper bound of a positional
+NLL on E-NF's space, which is what the rows report beside the conditional NLL.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +36,7 @@ import torch
 
 from grassflow.data.overlap import novel_mask
 from grassflow.flows import ShapeFlow, ShapeFlowConfig
+from grassflow.flows.shape_flow import pack_labels
 from grassflow.manifolds.shape_paths import GEOMETRIES
 from grassflow.metrics import closest_pair_fraction, distance_histogram, jsd, mean_sem
 from grassflow.tasks.registry import RunKind
@@ -47,12 +60,13 @@ SYSTEMS = {**SHAPES, "qm9": (19, 3), "lj55": (55, 3)}  # QM9 positional: E-NF's 
 _DEFAULTS = ShapeFlowConfig(2, 1)  # the model's defaults (EGNN, coupling, geometry)
 LJ55_SPLIT = (250, 125, 125)  # chains of `grassflow data make lj55` in train, val and test
 # preset fields added after runs were made: the value those runs had without saying so
-ADDED_FIELDS = {"coupling": "equivariant-ot", "geometry": "cartesian"}
+ADDED_FIELDS = {"coupling": "equivariant-ot", "geometry": "cartesian", "atom_types": False}
+QM9_TYPES = (1, 6, 7, 8, 9)  # atomic numbers of QM9's elements, in label order
 
 __all__ = [
     "RUN_KIND",
-    "SYSTEMS", "EFMExperiment", "build_model", "evaluate", "load_run", "load_splits",
-    "model_name", "run", "sample",
+    "QM9_TYPES", "SYSTEMS", "EFMExperiment", "build_model", "evaluate", "load_run",
+    "load_splits", "model_name", "positional_bound", "run", "sample",
 ]  # fmt: skip
 
 
@@ -75,6 +89,8 @@ class EFMExperiment:
             ... iterations, every ``val_every_minutes`` and at the end; None: not then).
         data_dir: the Klein files' folder (None: the shared one), or for QM9 the cache of
             `grassflow.data.qm9.load_qm9_positional` (None: ``data``).
+        atom_types: QM9 only: the atom types per molecule are node features, and the model
+            is ``p(x | a)`` (the module's docstring).
         chunk_size: configurations per ODE solve of the exact NLL (small chunks keep the
             (n - 1) d forward-mode products in cache).
         eval_dtype: of validation and the test NLL. float32 costs a third of float64's CPU
@@ -103,6 +119,7 @@ class EFMExperiment:
     chunk_size: int = 8
     eval_dtype: str = "float32"
     data_dir: str | None = None
+    atom_types: bool = False
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -117,8 +134,9 @@ class EFMExperiment:
     @property
     def model(self) -> str:
         geometry = "" if self.geometry == "cartesian" else f"-{self.geometry}"
-        return (f"efm-egnn{self.hidden}x{self.layers}-{self.coupling}{geometry}-lr{self.lr:g}"
-                f"-b{self.batch_size}")  # fmt: skip
+        types = "-types" if self.atom_types else ""
+        return (f"efm-egnn{self.hidden}x{self.layers}-{self.coupling}{geometry}{types}"
+                f"-lr{self.lr:g}-b{self.batch_size}")  # fmt: skip
 
     @property
     def run_name(self) -> str:
@@ -130,7 +148,7 @@ class EFMExperiment:
                 f"--n-train {self.n_train} --seeds {self.seed} --minutes {self.minutes:g} "
                 f"--hidden {self.hidden} --layers {self.layers} --lr {self.lr:g} "
                 f"--batch-size {self.batch_size} --coupling {self.coupling} "
-                f"--geometry {self.geometry} "
+                f"--geometry {self.geometry} " + "--atom-types " * self.atom_types +
                 f"--tol {self.tol:g}" + self._validation_options())  # fmt: skip
 
     def _validation_options(self) -> str:
@@ -154,11 +172,14 @@ class EFMExperiment:
 
     def shape_config(self) -> ShapeFlowConfig:
         """The model's `ShapeFlowConfig`."""
+        if self.atom_types and self.system != "qm9":  # a sweep's base sets the system later
+            raise ValueError(f"atom_types is for QM9, whose molecules differ in composition; "
+                             f"{self.system} has one kind of particle")  # fmt: skip
         return ShapeFlowConfig(
             *SYSTEMS[self.system], geometry=self.geometry, coupling=self.coupling,
             hidden=self.hidden, layers=self.layers, attention=self.attention,
             coord_range=self.coord_range, atol=self.tol, rtol=self.tol,
-            chunk_size=self.chunk_size,
+            chunk_size=self.chunk_size, n_labels=len(QM9_TYPES) if self.atom_types else None,
         )  # fmt: skip
 
     def to_dict(self) -> dict:
@@ -175,18 +196,49 @@ def build_model(exp: EFMExperiment) -> ShapeFlow:
         return ShapeFlow.from_config(exp.shape_config()).to(getattr(torch, exp.eval_dtype))
 
 
-def load_splits(system: str, n_train: int, data_dir: str | None = None) -> dict:
+def load_splits(system: str, n_train: int, data_dir: str | None = None,
+                atom_types: bool = False) -> dict:  # fmt: skip
     """``{"train", "val", "test"}`` clouds ``(N, n, d)`` float64: `enf_protocol.load_enf_splits`
     for DW4 and LJ13; for QM9 the first ``n_train`` training molecules of E-NF's split, its
-    validation and its 1,813 test molecules (centred)."""
+    validation and its 1,813 test molecules (centred); with ``atom_types`` packed with their
+    type indices into `QM9_TYPES` (``(N, 19, 4)``, `grassflow.flows.shape_flow.pack_labels`)."""
     if system == "lj55":
         return load_lj55_splits(n_train, data_dir)
     if system != "qm9":
         return load_enf_splits(system, n_train, data_dir)
     from .qm9_runs import load_molecules
 
-    X = load_molecules("data" if data_dir is None else data_dir)
+    cache = "data" if data_dir is None else data_dir
+    X = load_molecules(cache)
+    if atom_types:
+        from grassflow.data.qm9 import load_qm9_positional
+
+        charges = load_qm9_positional(cache, progress=False)
+        index = torch.full((max(QM9_TYPES) + 1,), -1, dtype=torch.int64)
+        index[list(QM9_TYPES)] = torch.arange(len(QM9_TYPES))
+        X = {s: pack_labels(X[s], index[torch.as_tensor(charges[f"{s}_charges"])]) for s in X}
     return {"train": X["train"][:n_train], "val": X["valid"], "test": X["test"]}
+
+
+def positional_bound(log_p: torch.Tensor, labels: torch.Tensor, train_labels: torch.Tensor,
+                     n_types: int = len(QM9_TYPES)) -> torch.Tensor:  # fmt: skip
+    """An upper bound ``(B,)`` of the NLL of a positional density made from a conditional
+    one (the module's docstring): ``-log_p - log p(c) + log M(c)`` for molecules of labels
+    ``labels: (B, n)`` with ``log_p = log p(x | a)``, ``p(c)`` the compositions'
+    frequencies in ``train_labels: (N, n)`` with one added to each of the ``C(n + K - 1,
+    K - 1)`` compositions of n atoms of ``n_types`` = K types, and
+    ``M(c) = n! / prod_k c_k!`` labellings."""
+    def counts(a: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(a, n_types).sum(-2)
+
+    n = labels.shape[-1]
+    train = counts(train_labels)
+    c = counts(labels)
+    seen = (c[:, None, :] == train[None]).all(-1).sum(-1).double()  # (B,)
+    n_comp = math.comb(n + n_types - 1, n_types - 1)
+    log_pc = torch.log((seen + 1) / (len(train) + n_comp))
+    log_m = math.lgamma(n + 1) - torch.lgamma(c.double() + 1).sum(-1)
+    return -log_p.double() - log_pc + log_m
 
 
 def load_lj55_splits(n_train: int, data_dir: str | None = None) -> dict:
@@ -215,6 +267,19 @@ def load_lj55_splits(n_train: int, data_dir: str | None = None) -> dict:
     return {"train": train[:n_train], "val": val, "test": test}
 
 
+def _splits(exp: EFMExperiment) -> dict:
+    return load_splits(exp.system, exp.n_train, exp.data_dir, exp.atom_types)
+
+
+def _sample_labels(model: ShapeFlow, train: torch.Tensor, n: int, seed: int):
+    """The labels of ``n`` training molecules (seeded), for a model with labels per cloud;
+    else None."""
+    if not model.labels_per_cloud:
+        return None
+    pick = torch.randint(len(train), (n,), generator=torch.Generator().manual_seed(seed))
+    return model.split_labels(train[pick], dtype=False)[1]
+
+
 def _protocol(exp: EFMExperiment) -> dict:
     if exp.system == "qm9":
         return {"protocol": "qm9 positional (E-NF's split)"}
@@ -226,7 +291,7 @@ def _protocol(exp: EFMExperiment) -> dict:
 def run(exp: EFMExperiment, run_dir: str | Path, *, force: bool = False, progress: bool = True,
         data: dict | None = None) -> None:  # fmt: skip
     """Train (or continue) ``exp`` in ``run_dir`` on ``data`` (default its splits)."""
-    data = load_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
+    data = _splits(exp) if data is None else data
     identity = {**_protocol(exp),
                 **data_identity(**{s: data[s] for s in ("train", "val", "test")})}  # fmt: skip
     claim_run_dir(run_dir, exp.to_dict(), identity, kind="efm", added=ADDED_FIELDS, force=force,
@@ -243,9 +308,11 @@ def load_run(run_dir: str | Path) -> tuple[EFMExperiment, ShapeFlow]:
 
 
 def sample(run_dir: str | Path, n: int, seed: int = 0) -> np.ndarray:
-    """``n`` generated configurations ``(n, n_points, d)``, centred."""
-    _, model = load_run(run_dir)
-    return model.sample(n, torch.Generator().manual_seed(seed)).numpy()
+    """``n`` generated configurations ``(n, n_points, d)``, centred (with atom types: for
+    those of ``n`` training molecules drawn with ``seed``)."""
+    exp, model = load_run(run_dir)
+    labels = _sample_labels(model, _splits(exp)["train"], n, seed)
+    return model.sample(n, torch.Generator().manual_seed(seed), labels=labels).numpy()
 
 
 def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
@@ -255,7 +322,7 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
     returned if it evaluated the run as it stands on the same test set."""
     run_dir = Path(run_dir)
     exp = read_preset(run_dir, EFMExperiment.from_dict, "vs-enf")
-    data = load_splits(exp.system, exp.n_train, exp.data_dir) if data is None else data
+    data = _splits(exp) if data is None else data
     status = training_status(run_dir / "flow")
     done, test_hash = run_dir / "eval.json", data_identity(test=data["test"])["test"]
     if done.exists():
@@ -274,10 +341,18 @@ def evaluate(run_dir: str | Path, data: dict | None = None) -> dict:
     novel = torch.as_tensor(novel_mask(data["test"], data["train"], data["val"]))
     extra = {}
     if exp.system == "qm9":  # E-NF's sample metrics: distance JSD and broken molecules
-        samples = model.sample(1000, torch.Generator().manual_seed(exp.seed)).double().numpy()
+        labels = _sample_labels(model, data["train"], 1000, exp.seed)
+        samples = model.sample(1000, torch.Generator().manual_seed(exp.seed), labels=labels)
+        samples = samples.double().numpy()
         np.save(run_dir / "samples.npy", samples.astype(np.float32))
-        extra = {"jsd": jsd(distance_histogram(samples), distance_histogram(
-            data["train"].numpy())), "broken_fraction": closest_pair_fraction(samples)}
+        train = data["train"][..., :3].numpy()
+        extra = {"jsd": jsd(distance_histogram(samples), distance_histogram(train)),
+                 "broken_fraction": closest_pair_fraction(samples)}  # fmt: skip
+        if labels is not None:
+            np.save(run_dir / "sample_labels.npy", labels.numpy())
+            bound = positional_bound(-nll, model.split_labels(data["test"], dtype=False)[1],
+                                     model.split_labels(data["train"], dtype=False)[1])  # fmt: skip
+            extra.update(mean_sem("test_nll_positional_bound", bound))
     best = run_dir / "flow" / "best.pt"
     best = int(load_checkpoint(best)["iteration"]) if best.exists() else None
     result = {

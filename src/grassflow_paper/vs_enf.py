@@ -24,6 +24,7 @@ Run directories ``<runs_dir>/<system>-<potential>-<objective>-n<n_train>-s<seed>
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import statistics
@@ -358,7 +359,8 @@ def sweep(
         else (run, evaluate)  # fmt: skip
     if "qm9" in systems and not isinstance(base, efm.EFMExperiment):
         raise ValueError("QM9's TwoPartShapeFlow rows come from `grassflow reproduce table2`")
-    splits = efm.load_splits if isinstance(base, efm.EFMExperiment) else load_enf_splits
+    splits = functools.partial(efm.load_splits, atom_types=base.atom_types) \
+        if isinstance(base, efm.EFMExperiment) else load_enf_splits  # fmt: skip
     for system in systems:  # missing files or rows: fail before training anything
         splits(system, max(n_trains), base.data_dir)
     rows = []
@@ -515,6 +517,9 @@ def markdown_table(rows: list[dict], system: str) -> str:
                                   f"atol = rtol = {r0['atol']:g}")  # fmt: skip
         if old:
             note += "; budget in wall minutes, validation included (before issue 20)"
+        if "test_nll_positional_bound" in r0:  # a conditional model (efm's docstring)
+            note += (f"; p(x \\| atom types), not positional; a positional NLL of it <= "
+                     f"{_mean(rs, 'test_nll_positional_bound'):.2f}")  # fmt: skip
         distinct = {r.get("n_train_distinct") for r in rs} - {None, n_train}
         n_label = f"{n_train:,}" + "".join(f" ({d:,})" for d in sorted(distinct))
         if qm9:

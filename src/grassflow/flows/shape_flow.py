@@ -33,6 +33,13 @@ per-point ``labels`` (atom types) only relabellings that keep the labels leave i
 and with ``bonds`` (the field's edge features, the harmonic prior) only those that also keep
 the bond graph.
 
+Clouds of different compositions (QM9's molecules) give their atom types per cloud
+(``n_labels`` without ``labels``): the model is then the conditional density ``p(x | a)`` of
+the positions given the labels ``a: (n,)``, normalized for every ``a``, and it is invariant
+to relabelling points and labels together. Such clouds travel as ``(B, n, d + 1)`` with the
+labels as last column (`pack_labels`), so that training and validation see one tensor; or
+pass ``labels=`` to `ShapeFlow.log_prob` and `ShapeFlow.sample`.
+
 A chiral molecule's conformers all have one hand, which a reflection-invariant density
 cannot tell from its mirror image: it puts half its mass there. With ``hand`` (d + 1 points,
 `grassflow.data.molecule_files.find_hand`) the model is restricted to the data's hand
@@ -62,7 +69,7 @@ from ..manifolds.shape_paths import GEOMETRIES
 from ..manifolds.shape_space import helmert_basis
 from ..nn.egnn import EGNNField
 
-__all__ = ["ShapeFlow", "ShapeFlowConfig"]
+__all__ = ["ShapeFlow", "ShapeFlowConfig", "pack_labels"]
 
 COUPLINGS = ("independent", "ot", "equivariant-ot")  # of `grassflow.training.shape_matching`
 PRIORS = ("gaussian", "harmonic")
@@ -84,7 +91,8 @@ class ShapeFlowConfig:
         prior_std: sigma of the CoM-free Gaussian prior (refitted to the data by training).
         atol, rtol: dopri5's, of the exact likelihood and of sampling.
         chunk_size: clouds per ODE solve.
-        labels, n_labels: per-point integer labels (atom types) of the field, or None.
+        labels, n_labels: per-point integer labels (atom types) of the field, or None;
+            ``n_labels`` without ``labels``: the labels are given per cloud (`pack_labels`).
         bonds, bond_orders: a molecule's bond graph, ``((i, j), ...)`` and its orders
             (`grassflow.data.molecule_files.BOND_ORDERS`), edge features of the field; or None.
         prior: ``"gaussian"`` (isotropic) or ``"harmonic"`` (from the bond graph).
@@ -123,6 +131,9 @@ class ShapeFlowConfig:
             raise ValueError("prior='harmonic' needs the molecule's bonds")
         if self.labels is not None:
             object.__setattr__(self, "labels", tuple(int(a) for a in self.labels))
+        elif self.n_labels is not None and (self.bonds is not None or self.hand is not None):
+            raise ValueError("labels given per cloud (n_labels without labels) cannot have "
+                             "one molecule's bonds or hand")  # fmt: skip
         if self.bonds is not None:  # JSON gives lists
             object.__setattr__(self, "bonds", tuple((int(i), int(j)) for i, j in self.bonds))
         if self.bond_orders is not None:
@@ -162,7 +173,8 @@ class ShapeFlow(nn.Module):
             ((n - 1) d forward-mode products at once).
         labels: optional ``(n,)`` integer point labels of the `EGNNField` (e.g. atomic
             numbers); None keeps the unlabelled model.
-        n_labels: number of label values (as in the `EGNNField`).
+        n_labels: number of label values (as in the `EGNNField`); without ``labels``, every
+            cloud gives its own labels (the conditional density ``p(x | a)``).
         geometry: of the flow-matching paths that train it (`ShapeFlowConfig`).
         coupling: of the flow-matching pairs (`ShapeFlowConfig`).
         bonds: optional ``(B, 2)`` bonded point pairs of a molecule: edge features of the
@@ -249,6 +261,11 @@ class ShapeFlow(nn.Module):
         return self.field.labels
 
     @property
+    def labels_per_cloud(self) -> bool:
+        """Whether every cloud gives its own labels (`pack_labels`): the model is ``p(x | a)``."""
+        return self.field.labels_per_cloud
+
+    @property
     def bonds(self) -> Tensor | None:
         """The ``(B, 2)`` bond graph of the field and the prior, or None."""
         return self.field.bonds
@@ -276,6 +293,41 @@ class ShapeFlow(nn.Module):
         if P.shape[0] == 0 or not torch.isfinite(P).all():
             raise ValueError(f"P must be a non-empty batch of finite clouds, got {tuple(P.shape)}")
 
+    def split_labels(self, P: Tensor, labels: Tensor | None = None,
+                     dtype: bool = True) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+        """Checked clouds ``(B, n, d)`` and, for a model with labels per cloud, their checked
+        labels ``(B, n)`` (int64): ``labels`` (``(B, n)`` or ``(n,)`` for all), else the last
+        column of packed clouds ``P: (B, n, d + 1)`` (`pack_labels`). Raises a ``ValueError``
+        for labels the model does not take, or none where it needs them."""
+        if not self.labels_per_cloud:
+            if labels is not None:
+                raise ValueError("this model has no per-cloud labels: pass labels=None")
+            self._check(P, dtype)
+            return P, None
+        if labels is None:
+            if not isinstance(P, Tensor) or P.dim() != 3 or P.shape[-1] != self.dim + 1:
+                shape = tuple(P.shape) if isinstance(P, Tensor) else type(P).__name__
+                raise ValueError(f"this model takes each cloud's labels: pass labels= or packed "
+                                 f"clouds (B, {self.n_points}, {self.dim + 1}) (pack_labels), "
+                                 f"got {shape}")  # fmt: skip
+            P, labels = P[..., : self.dim], P[..., self.dim]
+        self._check(P, dtype)
+        return P, self._check_labels(labels, P.shape[0], P.device)
+
+    def _check_labels(self, labels: Tensor, B: int, device: torch.device) -> Tensor:
+        """``(B, n)`` int64 labels on ``device`` from ``(B, n)`` or ``(n,)`` integral values in
+        ``0..n_labels - 1``; else a ``ValueError``."""
+        labels = torch.as_tensor(labels, device=device)
+        n, k = self.n_points, self.field.n_labels
+        if labels.shape not in ((n,), (B, n)):
+            raise ValueError(f"labels must be ({B}, {n}) or ({n},), got {tuple(labels.shape)}")
+        if labels.is_floating_point() or labels.is_complex():
+            if not torch.equal(labels, labels.round()):
+                raise ValueError("labels must be integers (the packed column is not)")
+        if ((labels < 0) | (labels >= k)).any():
+            raise ValueError(f"labels must lie in 0..{k - 1}, got {labels.min()}..{labels.max()}")
+        return labels.long().expand(B, n)
+
     def helmert(self, P: Tensor) -> Tensor:
         """CoM-free coordinates ``z = H^T (P - mean): (B, n - 1, d)`` of clouds ``(B, n, d)``."""
         self._check(P)
@@ -289,26 +341,28 @@ class ShapeFlow(nn.Module):
     def fit_prior(self, P: Tensor) -> float:
         """Set sigma to the maximum-likelihood scale of the clouds ``P: (N, n, d)`` (any
         dtype): the root mean square of their CoM-free coordinates, computed in the dtype of
-        ``H`` (float64 unless the model was cast). Returns it."""
-        self._check(P, dtype=False)
-        P = P.to(self.H)
+        ``H`` (float64 unless the model was cast); packed clouds are fine. Returns it."""
+        P = self.split_labels(P, dtype=False)[0].to(self.H)
         z = self._whiten(self.H.mT @ (P - P.mean(dim=-2, keepdim=True)))
         self.prior_std.fill_(z.square().mean().sqrt().item())
         return self.prior_std.item()
 
     # ------------------------------------------------------------ the flow
-    def velocity(self, t: Tensor, z: Tensor) -> Tensor:
-        """``dz/dt = H^T v(t, H z)``: ``(..., n - 1, d)``; t is scalar or ``(...)``."""
+    def velocity(self, t: Tensor, z: Tensor, labels: Tensor | None = None) -> Tensor:
+        """``dz/dt = H^T v(t, H z)``: ``(..., n - 1, d)``; t is scalar or ``(...)``; the
+        clouds' ``labels: (..., n)`` for a model with labels per cloud."""
         H = self.H.to(z)
-        return H.mT @ self.field(t, H @ z)
+        return H.mT @ self.field(t, H @ z, labels)
 
-    def _velocity_and_divergence(self, t: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+    def _velocity_and_divergence(
+        self, t: Tensor, z: Tensor, labels: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Velocity and its exact divergence ``(B,)``: one forward-mode product per
         coordinate direction, batched with ``vmap``."""
         B = z.shape[0]
         basis = torch.eye(self.event_dim, dtype=z.dtype, device=z.device)
         basis = basis.reshape(-1, 1, self.n_points - 1, self.dim).expand(-1, B, -1, -1)
-        f = lambda y: self.velocity(t, y)
+        f = lambda y: self.velocity(t, y, labels)
         v, Jv = torch.func.vmap(lambda e: torch.func.jvp(f, (z,), (e,)))(basis.contiguous())
         div = (Jv * basis).sum(dim=(0, -2, -1))
         return v[0], div
@@ -335,7 +389,8 @@ class ShapeFlow(nn.Module):
             lp = lp - self.dim * self.prior_factor.to(z).diagonal().log().sum()
         return lp
 
-    def _solve(self, z: Tensor, t0: float, t1: float, divergence: bool) -> tuple[Tensor, Tensor]:
+    def _solve(self, z: Tensor, t0: float, t1: float, divergence: bool,
+               labels: Tensor | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
         nfe = 0
         a0 = torch.zeros(z.shape[0], dtype=z.dtype, device=z.device)
 
@@ -343,8 +398,8 @@ class ShapeFlow(nn.Module):
             nonlocal nfe
             nfe += 1
             if divergence:
-                return self._velocity_and_divergence(t, state[0])
-            return self.velocity(t, state[0]), torch.zeros_like(state[1])
+                return self._velocity_and_divergence(t, state[0], labels)
+            return self.velocity(t, state[0], labels), torch.zeros_like(state[1])
 
         times = torch.tensor([t0, t1], dtype=z.dtype, device=z.device)
         zs, a = odeint(dynamics, (z, a0), times, method="dopri5", atol=self.atol, rtol=self.rtol)
@@ -352,17 +407,20 @@ class ShapeFlow(nn.Module):
         return zs[-1], a[-1]
 
     # ------------------------------------------------------------ densities
-    def log_prob(self, P: Tensor) -> Tensor:
+    def log_prob(self, P: Tensor, labels: Tensor | None = None) -> Tensor:
         """Exact log-density of clouds ``P: (B, n, d)`` -> ``(B,)``, in nats per cloud, w.r.t.
         Lebesgue measure on the (n - 1) d CoM-free coordinates; ``chunk_size`` clouds per
-        solve. Differentiable (through the solver) unless called under ``no_grad``.
+        solve. Differentiable (through the solver) unless called under ``no_grad``. A model
+        with labels per cloud gives ``log p(x | a)`` of packed clouds ``(B, n, d + 1)`` or of
+        ``P`` with ``labels: (B, n)`` (or ``(n,)``).
 
         A float32 solve can meet a non-finite value (a trial step of dopri5 far off the
         path, in a model trained for long on QM9); such a chunk is solved again in float64,
         and a chunk still not finite raises."""
-        out = []
-        for z1 in self.helmert(P).split(self.chunk_size):
-            out.append(self._chunk_log_prob(z1))
+        P, labels = self.split_labels(P, labels)
+        chunks = self.helmert(P).split(self.chunk_size)
+        per_chunk = [None] * len(chunks) if labels is None else labels.split(self.chunk_size)
+        out = [self._chunk_log_prob(z1, a) for z1, a in zip(chunks, per_chunk)]
         return self._keep_hand(P, torch.cat(out))
 
     def handedness(self, P: Tensor) -> Tensor:
@@ -389,9 +447,9 @@ class ShapeFlow(nn.Module):
         mirror[0] = -1.0
         return torch.where((self.handedness(X) < 0)[:, None, None], X * mirror, X)
 
-    def _chunk_log_prob(self, z1: Tensor) -> Tensor:
+    def _chunk_log_prob(self, z1: Tensor, labels: Tensor | None = None) -> Tensor:
         try:
-            z0, a = self._solve(z1, 1.0, 0.0, divergence=True)
+            z0, a = self._solve(z1, 1.0, 0.0, divergence=True, labels=labels)
             lp = self.prior_log_prob(z0) + a  # a(0) = -int_0^1 div v dt
             if torch.isfinite(lp).all():
                 return lp
@@ -408,14 +466,14 @@ class ShapeFlow(nn.Module):
         tensors = {f"model.{name}": x.double() if x.is_floating_point() else x
                    for name, x in (*self.named_parameters(), *self.named_buffers())}  # fmt: skip
         try:
-            lp = torch.func.functional_call(_ChunkLogProb(twin), tensors, (z1.double(),))
+            lp = torch.func.functional_call(_ChunkLogProb(twin), tensors, (z1.double(), labels))
         finally:
             self.last_stats = twin.last_stats
         return lp.to(z1.dtype)
 
-    def forward(self, P: Tensor) -> Tensor:
+    def forward(self, P: Tensor, labels: Tensor | None = None) -> Tensor:
         """Alias of `log_prob`."""
-        return self.log_prob(P)
+        return self.log_prob(P, labels)
 
     # ------------------------------------------------------------ sampling
     def sample_prior(self, m: int, generator: torch.Generator | None = None) -> Tensor:
@@ -425,25 +483,38 @@ class ShapeFlow(nn.Module):
         z = torch.randn(m, self.n_points - 1, self.dim, dtype=self.dtype, generator=generator)
         return self.clouds(self.scale_prior(z.to(self.device)))
 
-    def sample(self, m: int, generator: torch.Generator | None = None) -> Tensor:
-        """``m`` centred clouds ``(m, n, d)``: prior samples carried by the flow to t = 1."""
+    def _sample_labels(self, m: int, labels: Tensor | None) -> list[Tensor | None]:
+        """The checked labels of ``m`` samples, per chunk (all None without per-cloud labels)."""
+        if labels is None and not self.labels_per_cloud:
+            return [None] * math.ceil(m / self.chunk_size)
+        if labels is None:
+            raise ValueError("this model samples given labels: pass labels=(m, n) or (n,)")
+        if not self.labels_per_cloud:
+            raise ValueError("this model has no per-cloud labels: pass labels=None")
+        return list(self._check_labels(labels, m, self.device).split(self.chunk_size))
+
+    def sample(self, m: int, generator: torch.Generator | None = None,
+               labels: Tensor | None = None) -> Tensor:  # fmt: skip
+        """``m`` centred clouds ``(m, n, d)``: prior samples carried by the flow to t = 1;
+        given ``labels: (m, n)`` or ``(n,)`` for a model with labels per cloud."""
         with torch.no_grad():
             x0 = self.sample_prior(m, generator)
-            z = [self._solve(c, 0.0, 1.0, divergence=False)[0]
-                 for c in (self.H.to(x0).mT @ x0).split(self.chunk_size)]  # fmt: skip
+            chunks = zip((self.H.to(x0).mT @ x0).split(self.chunk_size),
+                         self._sample_labels(m, labels))  # fmt: skip
+            z = [self._solve(c, 0.0, 1.0, divergence=False, labels=a)[0] for c, a in chunks]
             return self._to_hand(self.clouds(torch.cat(z)))
 
     def sample_with_log_prob(
-        self, m: int, generator: torch.Generator | None = None
+        self, m: int, generator: torch.Generator | None = None, labels: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """``m`` samples ``(m, n, d)`` and their exact log-density ``(m,)``, from one forward
-        solve with the divergence (for importance weights)."""
+        solve with the divergence (for importance weights); ``labels`` as in `sample`."""
         with torch.no_grad():
             x0 = self.sample_prior(m, generator)
             z0 = self.H.to(x0).mT @ x0
             zs, logps = [], []
-            for c in z0.split(self.chunk_size):
-                z1, a = self._solve(c, 0.0, 1.0, divergence=True)  # a(1) = int_0^1 div dt
+            for c, lab in zip(z0.split(self.chunk_size), self._sample_labels(m, labels)):
+                z1, a = self._solve(c, 0.0, 1.0, divergence=True, labels=lab)  # a(1) = int div
                 zs.append(z1)
                 logps.append(self.prior_log_prob(c) - a)
             # the reflected ones keep their density: p is reflection invariant
@@ -458,5 +529,17 @@ class _ChunkLogProb(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, z: Tensor) -> Tensor:
-        return self.model._chunk_log_prob(z)
+    def forward(self, z: Tensor, labels: Tensor | None) -> Tensor:
+        return self.model._chunk_log_prob(z, labels)
+
+
+def pack_labels(P: Tensor, labels: Tensor) -> Tensor:
+    """Clouds ``P: (B, n, d)`` with their integer ``labels: (B, n)`` (or ``(n,)`` for all)
+    as a last column: ``(B, n, d + 1)``, in P's dtype, the form a model with labels per cloud
+    trains on (`ShapeFlow.split_labels` takes it apart)."""
+    labels = torch.as_tensor(labels, device=P.device)
+    if labels.is_floating_point() or labels.shape not in (P.shape[1:2], P.shape[:2]):
+        raise ValueError(f"labels must be integers of shape {tuple(P.shape[:2])} or "
+                         f"{tuple(P.shape[1:2])}, got {labels.dtype} "
+                         f"{tuple(labels.shape)}")  # fmt: skip
+    return torch.cat([P, labels.expand(P.shape[:2]).to(P.dtype)[..., None]], dim=-1)

@@ -131,14 +131,19 @@ def align_pairs(x0: Tensor, x1: Tensor, rounds: int = 1, labels: Tensor | None =
     From each of the 2^d principal-axis starts and from the `procrustes` map, ``rounds`` of
     (`assignment` of x1's points to x0's, then `procrustes`); the closest result per pair is
     kept. A local search: it can miss the global optimum, but it never returns x1 farther
-    from x0 than the orthogonal map alone. With ``labels: (n,)`` (of both clouds' points)
-    only points of equal labels swap. Reflections are allowed.
+    from x0 than the orthogonal map alone. With ``labels: (n,)`` (of both clouds' points),
+    or ``(B, n)`` (of each pair's), only points of equal labels swap. Reflections are allowed.
 
     Returns:
         ``(B, n, d)``: ``x1[b][perm_b] R_b``, row i matched with ``x0[b, i]``.
     """
     B, n, d = x1.shape
-    groups = None if labels is None else label_groups(labels.cpu().numpy(), n)
+    if labels is None:
+        groups = None
+    elif labels.dim() == 1:
+        groups = [label_groups(labels.cpu().numpy(), n)] * B
+    else:  # per pair: pair b of every start
+        groups = [label_groups(a, n) for a in labels.cpu().numpy()]
     starts = torch.cat([_axis_starts(x0, x1), procrustes(x0, x1)[None]])  # (S, B, d, d)
     X0 = x0.expand(len(starts), B, n, d).reshape(-1, n, d)
     y = (x1 @ starts).reshape(-1, n, d)
@@ -147,7 +152,8 @@ def align_pairs(x0: Tensor, x1: Tensor, rounds: int = 1, labels: Tensor | None =
         if groups is None:  # the transposed problem, inverted (as solved since issue 21)
             perm = torch.stack([assignment(c.T).argsort() for c in cost])
         else:
-            perm = torch.stack([assignment(c, groups) for c in cost])  # y's point for x0's
+            perm = torch.stack([assignment(c, groups[k % B])  # y's point for x0's
+                                for k, c in enumerate(cost)])  # fmt: skip
         y = torch.gather(y, 1, perm.unsqueeze(-1).expand_as(y))
         y = y @ procrustes(X0, y)
     y = y.reshape(len(starts), B, n, d)

@@ -10,7 +10,8 @@ point along normalized difference vectors by a bounded (tanh) amount, and update
 features residually. The velocity is the total displacement, centred. Only differences and
 distances enter, so the velocity is equivariant to rotations, reflections, translations and
 permutations of the points (with labels: the permutations that keep the labels; with a
-bond graph: those that also keep the bonds, i.e. the graph's automorphisms).
+bond graph: those that also keep the bonds, i.e. the graph's automorphisms). Labels given per
+call (molecules of different compositions) permute with the points.
 
 References:
     Satorras, Hoogeboom, Welling. E(n) Equivariant Graph Neural Networks. ICML 2021.
@@ -90,7 +91,9 @@ class EGNNField(nn.Module):
             numbers), the same for every cloud, one-hot in the initial node features as in
             `PointGraph`. None (default) builds the unlabelled
             field exactly as before labels existed (same parameters, state dict, numbers).
-        n_labels: number of label values (default ``labels.max() + 1``).
+        n_labels: number of label values (default ``labels.max() + 1``). Given without
+            ``labels``, the labels are an input of every call instead (clouds of different
+            compositions, e.g. QM9's molecules): ``forward(t, x, labels)``.
         bonds: optional ``(B, 2)`` bonded point pairs (a molecule's bond graph), the same
             for every cloud; each message then also sees `bond_graph_features`. None (default)
             keeps the field without them (same parameters, state dict, numbers).
@@ -119,6 +122,10 @@ class EGNNField(nn.Module):
             raise ValueError(f"coord_range must be > 0, got {coord_range!r}")
         self.n_points, self.dim, self.hidden, self.coord_range = n_points, dim, hidden, coord_range
         self.n_labels = 0
+        if labels is None and n_labels is not None:
+            if not (isinstance(n_labels, int) and n_labels >= 1):
+                raise ValueError(f"n_labels must be a positive integer, got {n_labels!r}")
+            self.n_labels = n_labels
         if labels is not None:
             labels = torch.as_tensor(labels)
             if labels.shape != (n_points,) or labels.is_floating_point() or (labels < 0).any():
@@ -169,14 +176,26 @@ class EGNNField(nn.Module):
         return (f"n_points={self.n_points}, dim={self.dim}, coord_range={self.coord_range:g}"
                 f"{labels}{bonds}")  # fmt: skip
 
-    def forward(self, t: Tensor, x: Tensor) -> Tensor:
-        """``t``: scalar or ``(...)`` times; ``x: (..., n, d)`` -> ``v: (..., n, d)``, centred."""
+    @property
+    def labels_per_cloud(self) -> bool:
+        """Whether every call takes the clouds' labels (``n_labels`` without ``labels``)."""
+        return self.n_labels > 0 and self.labels is None
+
+    def forward(self, t: Tensor, x: Tensor, labels: Tensor | None = None) -> Tensor:
+        """``t``: scalar or ``(...)`` times; ``x: (..., n, d)`` -> ``v: (..., n, d)``, centred.
+        ``labels: (..., n)`` integers in ``0..n_labels - 1``: those of each cloud, for a field
+        built with ``n_labels`` only (and only then)."""
         n = self.n_points
         i, j = (idx.to(x.device) for idx in _ordered_pairs(n))
         t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
         t = t.reshape(*t.shape, 1, 1).expand(*x.shape[:-2], n, 1)
-        if self.labels is not None:
-            onehot = nn.functional.one_hot(self.labels, self.n_labels).to(x.dtype)
+        if (labels is None) == self.labels_per_cloud:
+            raise ValueError("this field takes the clouds' labels in every call"
+                             if labels is None  # fmt: skip
+                             else "this field has no per-cloud labels: pass labels=None")
+        labels = self.labels if labels is None else labels
+        if labels is not None:
+            onehot = nn.functional.one_hot(labels, self.n_labels).to(x.dtype)
             t = torch.cat([t, onehot.expand(*x.shape[:-2], n, self.n_labels)], dim=-1)
         h = self.embed(t)
         x0, batch = x, x.shape[:-2]

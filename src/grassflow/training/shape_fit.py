@@ -31,7 +31,9 @@ def fit_shape_flow(
     geometry: str | None = None,
     progress: bool | Progress = True,
 ) -> TrainResult:
-    """Train (or continue) ``model`` on ``train_clouds: (N, n, d)`` in ``run_dir``.
+    """Train (or continue) ``model`` on ``train_clouds: (N, n, d)`` in ``run_dir`` (packed
+    ``(N, n, d + 1)`` with their labels for a model with labels per cloud, as the
+    validation clouds; `grassflow.flows.shape_flow.pack_labels`).
 
     The prior's scale is first fitted to the training clouds (`fit_prior`;
     the same value on resume). ``val_clouds: (M, n, d)`` are scored by the exact
@@ -52,7 +54,7 @@ def fit_shape_flow(
     if geometry not in GEOMETRIES:
         raise ValueError(f"geometry must be one of {GEOMETRIES}, got {geometry!r}")
     if geometry == "grassmann":  # fail before training, not at the first bad batch
-        check_full_rank(train_clouds, "training clouds")
+        check_full_rank(model.split_labels(train_clouds, dtype=False)[0], "training clouds")
     model.fit_prior(train_clouds)
     objective = functools.partial(cfm_objective, coupling=coupling, geometry=geometry)
     return train(model, train_clouds, config, run_dir, val_data=val_clouds, objective=objective,
