@@ -92,13 +92,14 @@ N_REFERENCES = 16
 
 
 def experiment(data: Path, model: str, minutes: float, n_val: int, device: str = "cpu",
-               clock: str = "cpu") -> shapes.ShapeExperiment:  # fmt: skip
+               clock: str = "cpu", ema: float | None = None) -> shapes.ShapeExperiment:  # fmt: skip
     """The preset of ``grassflow train --data DATA`` with `MODELS`' options for ``model`` and
     a total budget (CPU minutes, or wall minutes with ``clock="wall"``) that validation
-    counts against, trained on ``device``."""
+    counts against, trained on ``device``; ``ema``: validate and keep the parameters' moving
+    average of this decay (``grassflow train --ema``)."""
     exp = shapes.ShapeExperiment(data=str(data), n_val_flow=n_val, **MODELS[model])
     exp.flow = exp.flow.replace(total_budget_minutes=minutes, clock=clock, device=device,
-                                charge_validation=True)  # fmt: skip
+                                charge_validation=True, ema_decay=ema)  # fmt: skip
     return exp
 
 
@@ -377,6 +378,9 @@ def main() -> None:
                    help="tiny: 200 conformers, 0.2 min, 10 test conformers, 100 samples")
     p.add_argument("--device", default="cpu",
                    help="train and evaluate there (rows are named MODEL@DEVICE, e.g. on cuda)")
+    p.add_argument("--ema", type=float, help="validate and keep the moving average of the "
+                   "parameters with this decay (grassflow train --ema); the row's model gets "
+                   "+ema<decay>")  # fmt: skip
     p.add_argument("--clock", default="cpu", choices=("cpu", "wall"),
                    help="of --minutes (wall for a GPU: its minutes are not CPU minutes)")
     p.add_argument("--diagnose", action="store_true",
@@ -420,14 +424,16 @@ def main() -> None:
         if key({**base, "model": TEST_ROW}) not in done:
             save({**base, "model": TEST_ROW, **test_conformer_row(data, mol)})
         for model in args.models:
-            label = model if args.device == "cpu" else f"{model}@{args.device}"
+            label = model + ("" if args.ema is None else f"+ema{args.ema:g}")
+            label = label if args.device == "cpu" else f"{label}@{args.device}"
             row = {**base, "model": label, "minutes": args.minutes, "clock": args.clock,
                    "device": torch.cuda.get_device_name() if "cuda" in args.device else "cpu"}
             if key(row) in done:
                 continue
             run_dir = runs / name / label.replace(":", "")
             c0, w0 = time.process_time(), time.perf_counter()
-            exp = experiment(data, model, args.minutes, args.n_val, args.device, args.clock)
+            exp = experiment(data, model, args.minutes, args.n_val, args.device, args.clock,
+                             args.ema)  # fmt: skip
             shapes.run(exp, run_dir, resume=True, progress=False)
             row["run_cpu_minutes_this_invocation"] = (time.process_time() - c0) / 60
             row["run_wall_minutes_this_invocation"] = (time.perf_counter() - w0) / 60

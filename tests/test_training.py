@@ -489,3 +489,57 @@ def test_non_finite_parameters_are_never_checkpointed(tmp_path):
         train(Watson(), dataset(50), config(checkpoint_every=2), tmp_path, progress=False,
               callback=corrupt)  # fmt: skip
     assert load_checkpoint(tmp_path / "last.pt")["iteration"] == 2
+
+
+# ------------------------------------------------------------------------ EMA
+def test_ema_matches_its_closed_form():
+    # catches a wrong warm-up or lerp direction (the shadow would follow the wrong weights)
+    from grassflow.training.ema import ParameterEMA
+
+    p = torch.zeros(3, dtype=torch.float64)
+    ema = ParameterEMA([p], decay=0.9)
+    with torch.no_grad():
+        p.fill_(1.0)  # the shadow starts at 0, the parameter stays at 1
+    for t in range(1, 21):
+        ema.update(t)
+    kept = math.prod(min(0.9, (1 + t) / (10 + t)) for t in range(1, 21))
+    assert torch.allclose(ema.shadow[0], torch.full((3,), 1.0 - kept, dtype=torch.float64))
+    with ema.applied():
+        assert torch.equal(p, ema.shadow[0])
+    assert torch.equal(p, torch.ones(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="decay must lie in"):
+        ParameterEMA([p], decay=1.0)
+    with pytest.raises(ValueError, match="ema_decay must lie in"):
+        config(ema_decay=0.0)
+
+
+def test_ema_is_validated_saved_as_best_and_resumed_bit_exactly(tmp_path):
+    # catches best.pt holding the raw weights, an EMA that perturbs training, and a shadow
+    # lost (or restarted) on resume
+    data, val = dataset(50), dataset(20, 1)
+    plain = Watson()
+    train(plain, data, config(), tmp_path / "plain", progress=False)
+    ref = Watson()
+    train(ref, data, config(ema_decay=0.8), tmp_path / "ref", val_data=val, progress=False)
+    assert_identical(params(ref), params(plain))  # the trajectory is unchanged
+    last = load_checkpoint(tmp_path / "ref" / "last.pt")
+    best = load_checkpoint(tmp_path / "ref" / "best.pt")
+    shadow = dict(zip(("kappa", "mu_raw"), last["ema"]["shadow"]))
+    for key in shadow:
+        assert torch.equal(best["model"][key], shadow[key])
+        assert not torch.equal(best["model"][key], last["model"][key])
+    # validated with the average: the NLL logged is the shadow's
+    average = Watson(noise=0)
+    average.load_state_dict(best["model"])
+    assert best["val_nll"] == pytest.approx(-average.log_prob(val).mean().item(), rel=1e-2)
+
+    train(Watson(), data, config(ema_decay=0.8, iterations=13), tmp_path / "run",
+          val_data=val, progress=False)  # fmt: skip
+    train(Watson(), data, config(ema_decay=0.8), tmp_path / "run", val_data=val, resume=True,
+          progress=False)  # fmt: skip
+    again = load_checkpoint(tmp_path / "run" / "last.pt")["ema"]["shadow"]
+    for a, b in zip(again, last["ema"]["shadow"]):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="ema_decay"):
+        train(Watson(), data, config(ema_decay=0.9, iterations=40), tmp_path / "run",
+              resume=True, progress=False)  # fmt: skip

@@ -70,7 +70,7 @@ def _shape_experiment(args):
     flow = {"total_budget_minutes": args.minutes, "budget_minutes": args.session_minutes,
             "iterations": args.iterations, "clock": args.clock, "batch_size": args.batch_size,
             "lr": args.lr, "grad_clip": args.grad_clip, "seed": args.seed,
-            "device": args.device}  # fmt: skip
+            "device": args.device, "ema_decay": args.ema}  # fmt: skip
     exp = shapes.ShapeExperiment(
         data=args.data, key=args.key, model=args.model, geometry=args.geometry,
         use_bonds=False if args.no_bonds else None,
@@ -123,6 +123,10 @@ def cmd_train(args) -> None:
         if args.no_eval:
             print(f"`grassflow eval {args.run_dir}` for the test NLL")
         return
+    unused = [f"--{k.replace('_', '-')}" for k in ("ema", "no_bonds", "n_val")
+              if getattr(args, k) not in (None, False)]  # fmt: skip
+    if unused:
+        raise ValueError(f"{', '.join(unused)}: options of --data (your own clouds)")
     if args.dataset in px.SIZES:
         exp, module = _particle_experiment(args), px
     else:
@@ -236,6 +240,9 @@ def add_commands(sub) -> None:
                                   "'bonds', 'bond_orders'), an .sdf of one molecule's "
                                   "conformers (RDKit), or a folder of .xyz files (labels from "
                                   "their element symbols)")  # fmt: skip
+    g.add_argument("--ema", type=float, metavar="DECAY",
+                   help="validate, keep and sample the moving average of the parameters "
+                        "with this decay, e.g. 0.999 (default: the parameters themselves)")
     g.add_argument("--no-bonds", action="store_true",
                    help="ignore the data's bond table (by default a molecule's bonds are the "
                         "field's edge features and give the harmonic prior)")  # fmt: skip

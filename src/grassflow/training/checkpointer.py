@@ -30,17 +30,18 @@ class Checkpointer:
         write: whether this process writes files (rank 0 of a torchrun job).
         gather_rng: with several ranks, every rank's RNG state (a collective call);
             None: one process, whose own state is saved.
+        ema: the run's `ParameterEMA` (saved in ``last.pt``), or None.
     """
 
     def __init__(self, run_dir: Path, config: TrainConfig, model: nn.Module,
                  optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler | None, stream: BatchStream, *,
                  write: bool = True,
-                 gather_rng: Callable[[], list[dict]] | None = None):  # fmt: skip
+                 gather_rng: Callable[[], list[dict]] | None = None, ema=None):  # fmt: skip
         self.last_path, self.best_path = run_dir / "last.pt", run_dir / "best.pt"
         self.config, self.model, self.optimizer = config, model, optimizer
         self.scheduler, self.stream = scheduler, stream
-        self.write, self.gather_rng = write, gather_rng
+        self.write, self.gather_rng, self.ema = write, gather_rng, ema
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
 
     def finite(self) -> bool:
@@ -59,7 +60,7 @@ class Checkpointer:
             rng_ranks = [rng]
         if self.write:
             save_last(self.last_path, state, self.config, self.model, self.optimizer,
-                      self.scheduler, self.stream, rng_ranks)  # fmt: skip
+                      self.scheduler, self.stream, rng_ranks, self.ema)  # fmt: skip
         state.saved_iteration = state.iteration
         return True
 

@@ -27,6 +27,7 @@ TRAJECTORY_FIELDS = (
     "grad_clip",
     "seed",
     "dtype",
+    "ema_decay",  # not the parameters' path, but that of the validated (best) weights
 )
 
 
@@ -89,6 +90,9 @@ class TrainConfig:
             ``"wall"``, wall-clock time (see `clock`).
         device: ``"auto"`` (cuda if available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         dtype: ``"float32"`` or ``"float64"``; model and data are cast to it.
+        ema_decay: validate (and save as ``best.pt``) the exponential moving average of the
+            parameters with this decay (`grassflow.training.ema.ParameterEMA`), in (0, 1);
+            None: the parameters themselves. ``last.pt`` keeps both.
     """
 
     lr: float = 1e-3
@@ -113,6 +117,7 @@ class TrainConfig:
     clock: str = "cpu"
     device: str = "auto"
     dtype: str = "float32"
+    ema_decay: float | None = None
 
     def __post_init__(self):
         betas = self.betas
@@ -139,6 +144,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
         if not (_is_real(self.lr_gamma) and 0 < self.lr_gamma <= 1):
             raise ValueError(f"lr_gamma must be in (0, 1], got {self.lr_gamma!r}")
+        if self.ema_decay is not None and not (_is_real(self.ema_decay)
+                                               and 0 < self.ema_decay < 1):  # fmt: skip
+            raise ValueError(f"ema_decay must lie in (0, 1) or be None, got {self.ema_decay!r}")
         if self.grad_clip is not None and not (_is_real(self.grad_clip) and self.grad_clip > 0):
             raise ValueError(f"grad_clip must be a positive number or None, got {self.grad_clip!r}")
         if not (_is_int(self.seed) and self.seed >= 0):

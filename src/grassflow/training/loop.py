@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from .checkpoint import write_json
 from .checkpointer import Checkpointer
 from .clock import Stopwatch
 from .config import TrainConfig, resolve_device, resolve_dtype
+from .ema import ParameterEMA
 from .metrics_log import MetricsLog, make_record
 from .objectives import Objective, nll_objective
 from .parallel_eval import distributed_mean_nll
@@ -130,10 +131,12 @@ def train(
         check_points(val_data, "val_data", manifold)
         val_data = val_data.to(device=device, dtype=dtype)
     optimizer, scheduler = make_optimizer(model, config)
+    ema = None if config.ema_decay is None else ParameterEMA(
+        [p for group in optimizer.param_groups for p in group["params"]], config.ema_decay)
     state = TrainState()
     if resume and last_path.exists():
         state = load_last(
-            last_path, config, model, optimizer, scheduler, stream, dd.rank(), dd.world()
+            last_path, config, model, optimizer, scheduler, stream, dd.rank(), dd.world(), ema
         )
     else:  # rank 0 (and a single process) uses the (seed, "global") stream
         seed_all(derive_seed(config.seed, "global", dd.rank()))
@@ -149,7 +152,7 @@ def train(
     schedule = ValidationSchedule(config, budget.elapsed())
     saver = Checkpointer(run_dir, config, model, optimizer, scheduler, stream, write=main,
                          gather_rng=(lambda: dd.all_gather_objects(capture_rng_state()))
-                         if parallel else None)  # fmt: skip
+                         if parallel else None, ema=ema)  # fmt: skip
 
     def result(stopped: str, message: str) -> TrainResult:
         return TrainResult(
@@ -203,6 +206,11 @@ def train(
         return val_data if state.val_points is None else val_data[: state.val_points]
 
     def validate(done: int) -> float:
+        """The validation NLL (of the EMA weights, if any, which ``best.pt`` then holds)."""
+        with nullcontext() if ema is None else ema.applied():
+            return _validate(done)
+
+    def _validate(done: int) -> float:
         Y = validation_set()
         val_nll, cost = timed_nll(Y, f"validating {len(Y)} points")
         schedule.done(cost, budget.elapsed())
@@ -289,6 +297,8 @@ def train(
             lr = optimizer.param_groups[0]["lr"]
             updating = True  # an interrupt here leaves a half-updated model: not saved
             optimizer.step()
+            if ema is not None:
+                ema.update(state.iteration + 1)
             if scheduler is not None:
                 scheduler.step()
             state.iteration += 1

@@ -83,12 +83,16 @@ def save_last(
     scheduler,
     stream: BatchStream,
     rng_ranks: list[dict] | None = None,
+    ema=None,
 ) -> None:
     """Write everything needed to resume atomically to ``path`` and note it in ``state``.
 
-    ``rng_ranks``: every rank's ``capture_rng_state()`` in a multi-process run.
+    ``rng_ranks``: every rank's ``capture_rng_state()`` in a multi-process run; ``ema``: the
+    run's `ParameterEMA`, if any.
     """
     extra = {} if rng_ranks is None else {"rng_ranks": rng_ranks}
+    if ema is not None:
+        extra["ema"] = ema.state_dict()
     atomic_save(
         {
             "format": FORMAT_VERSION,
@@ -126,8 +130,10 @@ def load_last(
     stream: BatchStream,
     rank: int = 0,
     world: int = 1,
+    ema=None,
 ) -> TrainState:
-    """Restore model, optimizer, schedule, data stream and RNGs from ``path``.
+    """Restore model, optimizer, schedule, data stream, RNGs and ``ema`` (the run's
+    `ParameterEMA`, if any) from ``path``.
 
     In a run of ``world`` processes, rank ``rank`` restores its own RNG state; if the
     checkpoint was written by a different number of processes, ranks above 0 start fresh
@@ -157,6 +163,8 @@ def load_last(
         if scheduler is not None:
             scheduler.load_state_dict(ckpt["scheduler"])
         stream.load_state_dict(ckpt["data"])
+        if ema is not None:
+            ema.load_state_dict(ckpt["ema"])
     except (RuntimeError, ValueError, KeyError) as err:
         raise CheckpointError(f"checkpoint {path} does not fit this model/data: {err}") from err
     ranks = ckpt.get("rng_ranks") or [ckpt["rng"]]
