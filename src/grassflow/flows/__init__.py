@@ -2,6 +2,6 @@
 point cloud; its `ShapeFlowConfig` picks the flow-matching geometry)."""
 
 from .grcnf import GrCNF
-from .shape_flow import ShapeFlow, ShapeFlowConfig
+from .shape_flow import ShapeFlow, ShapeFlowConfig, pack_labels
 
-__all__ = ["GrCNF", "ShapeFlow", "ShapeFlowConfig"]
+__all__ = ["GrCNF", "ShapeFlow", "ShapeFlowConfig", "pack_labels"]
