@@ -79,3 +79,18 @@ def test_bad_shapes_raise():
         plot_nearest(A[None], A[None], "unused.png", n=1, charges=np.ones((5, 19)))
     with pytest.raises(ValueError, match="non-finite"):
         nearest(A[None], np.full((2, 19, 3), np.nan))
+
+
+def test_generated_atoms_of_a_typed_model_are_drawn_by_element(tmp_path):
+    # catches element colours taken from the wrong molecule or the wrong table
+    from grassflow.viz.molecules import _colours
+
+    assert _colours([1, 6, 8, 16], "tab:cyan") == ["0.85", "0.25", "tab:red", "tab:purple"]
+    assert _colours(None, "tab:cyan") == "tab:cyan"
+    rng = np.random.default_rng(5)
+    T = np.stack([_molecule(rng) for _ in range(6)])
+    X = np.stack([_molecule(rng) for _ in range(4)])
+    z = rng.choice([1, 6, 7, 8, 9], size=(4, 19))
+    plot_nearest(X, T, tmp_path / "a.png", n=2, sample_charges=z, candidates=3, restarts=0)
+    plot_side_by_side({"typed": X}, tmp_path / "b.png", n=2, charges={"typed": z})
+    assert (tmp_path / "a.png").stat().st_size > 1000 and (tmp_path / "b.png").stat().st_size

@@ -28,6 +28,13 @@ _CELL = 2.6  # inches per 3-D panel
 _ELEMENT_COLOURS = {1: "0.85", 6: "0.25", 7: "tab:blue", 8: "tab:red", 9: "tab:green"}
 
 
+def _colours(charges, default: str):
+    """Per-atom colours by atomic number, or ``default`` for all without ``charges``."""
+    if charges is None:
+        return default
+    return [_ELEMENT_COLOURS.get(int(z), "tab:purple") for z in np.asarray(charges)]
+
+
 def _draw(ax, P: np.ndarray, colours, cutoff: float, lim: float, elev, azim, title,
           clash: float | None = None) -> None:  # fmt: skip
     i, j = np.triu_indices(len(P), 1)
@@ -55,6 +62,7 @@ def plot_nearest(
     *,
     charges=None,
     idx=None,
+    sample_charges=None,
     bond_cutoff: float = 1.7,
     elev: float = 20.0,
     azim: float = -60.0,
@@ -63,10 +71,10 @@ def plot_nearest(
     """Figure 5: ``n`` rows, each a generated molecule beside its aligned nearest training one.
 
     The first ``n`` molecules of ``X`` are drawn. Bonds are inferred from distance alone
-    (atoms closer than ``bond_cutoff``), since the generator does not model atom types;
-    generated atoms are drawn in one colour, training atoms by element if ``charges`` is
-    given. Both panels of a row share the view and the axis limits, and the training
-    molecule is superposed onto the generated one with `superpose`.
+    (atoms closer than ``bond_cutoff``); generated atoms are drawn in one colour (by element
+    if ``sample_charges`` is given: a model conditioned on atom types), training atoms by
+    element if ``charges`` is given. Both panels of a row share the view and the axis limits,
+    and the training molecule is superposed onto the generated one with `superpose`.
 
     Args:
         X (ArrayLike): generated molecules, shape=[M, n_atoms, 3] (Å), ``M >= n``.
@@ -77,6 +85,8 @@ def plot_nearest(
             (H=1, C=6, ...).
         idx (ArrayLike | None): optional precomputed nearest rows of ``T``, shape=[n] or
             [M, k] (first column used); computed with `nearest` if omitted.
+        sample_charges (ArrayLike | None): optional atomic numbers of ``X``,
+            shape=[M, n_atoms].
         bond_cutoff: bond length threshold (Å).
         elev: camera elevation in degrees.
         azim: camera azimuth in degrees.
@@ -104,12 +114,11 @@ def plot_nearest(
     for r, (x, j) in enumerate(zip(X, idx)):
         x = x - x.mean(0)
         t, perm, rmsds[r] = superpose(x, T[j], **align_kwargs)
-        tc = "tab:orange" if charges is None else [
-            _ELEMENT_COLOURS.get(int(z), "tab:purple") for z in np.asarray(charges[j])[perm]
-        ]  # fmt: skip
+        tc = _colours(None if charges is None else np.asarray(charges[j])[perm], "tab:orange")
+        xc = _colours(None if sample_charges is None else sample_charges[r], "tab:cyan")
         lim = 1.05 * max(np.abs(x).max(), np.abs(t).max())
         ax = fig.add_subplot(n, 2, 2 * r + 1, projection="3d")
-        _draw(ax, x, "tab:cyan", bond_cutoff, lim, elev, azim, f"generated #{r}")
+        _draw(ax, x, xc, bond_cutoff, lim, elev, azim, f"generated #{r}")
         ax = fig.add_subplot(n, 2, 2 * r + 2, projection="3d")
         title = f"train #{j}, RMSD {rmsds[r]:.2f} Å"
         _draw(ax, t, tc, bond_cutoff, lim, elev, azim, title)
@@ -123,6 +132,7 @@ def plot_side_by_side(
     path: str | os.PathLike,
     n: int = 4,
     *,
+    charges: dict[str, np.ndarray] | None = None,
     bond_cutoff: float = 1.7,
     clash: float = 0.9,
     elev: float = 20.0,
@@ -138,6 +148,8 @@ def plot_side_by_side(
         samples: model name -> generated molecules, shape=[M, n_atoms, 3] (Å), ``M >= n``.
         path: output PNG (saved at 110 dpi).
         n: rows.
+        charges: model name -> atomic numbers of its molecules, shape=[M, n_atoms], for the
+            models conditioned on atom types (their atoms drawn by element).
 
     Returns:
         Model name -> clash fraction over all its samples.
@@ -156,8 +168,9 @@ def plot_side_by_side(
             x = X[r] - X[r].mean(0)
             ax = fig.add_subplot(n, len(batches), r * len(batches) + c + 1, projection="3d")
             title = f"{name}: {fractions[name]:.0%} clash" if r == 0 else ""
-            _draw(ax, x, "tab:cyan", bond_cutoff, 1.05 * np.abs(x).max(), elev, azim, title,
-                  clash=clash)  # fmt: skip
+            z = (charges or {}).get(name)
+            _draw(ax, x, _colours(None if z is None else z[r], "tab:cyan"), bond_cutoff,
+                  1.05 * np.abs(x).max(), elev, azim, title, clash=clash)  # fmt: skip
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=_DPI, bbox_inches="tight")
     return fractions
