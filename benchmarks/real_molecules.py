@@ -25,7 +25,8 @@ included, so that a rerun continues an interrupted run. The models:
   baseline's geometry, with the chemistry);
 * ``grassmann``: the same with ``--geometry grassmann`` (the same inputs, so the comparison
   stays fair);
-* ``cartesian-gaussian``: the default with ``--prior gaussian`` (what the harmonic prior buys).
+* ``cartesian-gaussian``: the default with ``--prior gaussian`` (what the harmonic prior buys);
+* ``cartesian-wide``: the default with an EGNN twice as wide (64), fewer steps per minute.
 
 Reported per molecule and model (`grassflow.metrics.chemistry.chemistry_summary` against the
 test conformers, atoms in the molecule's order: a model with bonds is not symmetric within
@@ -83,7 +84,8 @@ MOLECULES = {"butane": "CCCC", "glycerol": "OCC(O)CO",
 """``alanine-dipeptide`` has no stereo mark, so its ensemble holds both hands; the natural
 ``l-alanine-dipeptide`` (Ac-L-Ala-NHMe) is the row that measures stereo kept."""
 MODELS = {"cartesian": {}, "grassmann": {"geometry": "grassmann"},
-          "cartesian-gaussian": {"harmonic_prior": False}}  # fmt: skip
+          "cartesian-gaussian": {"harmonic_prior": False},
+          "cartesian-wide": {"hidden": 64}}  # fmt: skip
 """ShapeExperiment options of each model beyond ``grassflow train --data``'s defaults."""
 DEFAULT_MODELS = ("cartesian", "grassmann")
 TEST_ROW = "test conformers"
