@@ -78,6 +78,30 @@ def test_total_budget_left_after_a_resume_is_counted_in_cpu_time(tmp_path, fixed
     assert second.cpu_seconds == pytest.approx(30.0)  # the whole run: 60 * 0.5 CPU s
 
 
+def test_the_work_before_training_is_charged_and_kept_across_resumes(tmp_path, fixed_pace):
+    # catches: a command's start-up (imports, loading the data) left out of its --minutes,
+    # or charged again (or forgotten) when the run resumes
+    from grassflow.training import objectives
+    from grassflow.training.clock import Stopwatch
+
+    fixed_pace(0.8)
+    data = torch.randn(64, 3, 1, dtype=torch.float64)
+    run = tmp_path / "run"
+    cfg = TrainConfig(lr=0.01, batch_size=8, iterations=None, log_every=5, val_every=None,
+                      checkpoint_every=5, device="cpu", dtype="float64",
+                      total_budget_minutes=0.5, charge_validation=True)  # fmt: skip
+    go = lambda cfg, setup_s: train(_Gaussian(), data, cfg, run, resume=True, progress=False,
+                                    objective=objectives.OBJECTIVES["mle"],
+                                    setup=Stopwatch(cpu=setup_s).start())  # fmt: skip
+    first = go(cfg, 12.0)  # 30 s less 12 s of start-up: 22 steps of 0.8 s
+    assert first.stopped == "budget" and first.iterations == 22, first.message
+    second = go(cfg.replace(total_budget_minutes=1.0), 6.0)  # 60 - 18 - 17.6: 30 steps more
+    assert second.iterations == 52, second.message
+    assert training_status(run)["cpu_minutes"] == pytest.approx(52 * 0.8 / 60)
+    free = go(cfg.replace(total_budget_minutes=1.5, charge_validation=False), 30.0)
+    assert free.iterations == 112, free.message  # not charged: 90 s of training, 60 steps more
+
+
 def test_train_data_announces_or_skips_its_final_evaluation(tmp_path, fixed_pace, capsys):
     # catches: a final test evaluation that overruns --minutes without a word, or one that is
     # skipped although it fits, or priced at the wrong cost per cloud

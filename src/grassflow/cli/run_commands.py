@@ -114,10 +114,15 @@ def cmd_train(args) -> None:
     from ..tasks import particle_runs as px
     from ..tasks import shape_runs as shapes
     from ..tasks import texture_runs as tx
+    from ..training.clock import Stopwatch
+    from ..training.clock import read as read_clock
 
     if args.data is not None:
+        # the process's CPU seconds so far (imports included) count as the command's
+        setup = Stopwatch(cpu=read_clock("cpu")).start()
         exp = shapes.run(_shape_experiment(args), args.run_dir, resume=args.resume,
-                         progress=not args.no_progress, final_eval=not args.no_eval)
+                         progress=not args.no_progress, final_eval=not args.no_eval,
+                         setup=setup)  # fmt: skip
         print(f"trained an equivariant CNF ({exp.model}) of {exp.n_points} points in "
               f"{exp.dim}-D in {args.run_dir}")
         if args.no_eval:

@@ -41,6 +41,7 @@ from ..manifolds.shape_paths import GEOMETRIES
 from ..metrics import histogram, jsd
 from ..training import CFM_COUPLINGS, TrainConfig, checkpoint_path, fit_shape_flow, load_shape_flow
 from ..training.checkpoint import write_json
+from ..training.clock import Stopwatch
 from ..training.progress import Progress, minutes, progress_line
 from ..training.rng import seeded_init
 from .registry import RunKind, legacy_kind
@@ -306,6 +307,7 @@ def run(
     force: bool = False,
     final_eval: bool = False,
     n_samples: int | None = None,
+    setup: Stopwatch | None = None,
 ) -> ShapeExperiment:
     """Train (or continue) ``exp`` in ``run_dir``; returns the resolved preset. A
     ``run_dir`` that holds a run of a removed model (`REMOVED_MODELS`) is refused, unless
@@ -318,7 +320,11 @@ def run(
     than half the budget (training comes first). It runs if it fits in what the budget left,
     give or take a quarter of the budget; otherwise it is skipped with its estimate, for
     ``grassflow eval`` to run later.
+
+    ``setup``: a `Stopwatch` started when the command began (default: at this call); the
+    work before training (loading and checking the data) is charged with validation.
     """
+    setup = Stopwatch().start() if setup is None else setup
     run_dir = Path(run_dir)
     if not resume and (run_dir / "flow" / "last.pt").exists():
         raise FileExistsError(f"{run_dir} holds a trained run: pass --resume or use a new one")
@@ -365,7 +371,7 @@ def run(
     with progress_line(progress, run_dir.name) as display:
         flow = fit_shape_flow(model, splits["train"], splits["val"][: exp.n_val_flow],
                               run_dir / "flow", exp.flow, coupling=exp.coupling,
-                              progress=display)  # fmt: skip
+                              progress=display, setup=setup)  # fmt: skip
         if not final_eval:
             return exp
         estimate = None if flow.last_val_seconds is None \

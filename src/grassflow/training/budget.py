@@ -1,8 +1,9 @@
 """The budget clock of one ``train`` call: what the run has spent, what this invocation may
 spend, and whether one more step still fits.
 
-The charged seconds are training's on ``config.clock``, plus validation's when
-``config.charge_validation`` is set (a command whose ``--minutes`` bounds all its work). The
+The charged seconds are training's on ``config.clock``, plus validation's and the setup's
+(what the caller did before training) when ``config.charge_validation`` is set (a command
+whose ``--minutes`` bounds all its work). The
 limit of an invocation is its own ``budget_minutes`` or what is left of the run's
 ``total_budget_minutes``, whichever is smaller.
 """
@@ -21,7 +22,7 @@ def charged_seconds(config: TrainConfig, state: TrainState) -> float:
     """Seconds of the run (all invocations) charged to its budgets."""
     spent = state.train.seconds(config.clock)
     if config.charge_validation:
-        spent += state.val.seconds(config.clock)
+        spent += state.val.seconds(config.clock) + state.setup.seconds(config.clock)
     return spent
 
 

@@ -58,6 +58,7 @@ def train(
     resume: bool = False,
     progress: bool | Progress = True,
     callback: Callback | None = None,
+    setup: Stopwatch | None = None,
 ) -> TrainResult:
     """Train ``model`` with Adam on ``objective`` (default: mean NLL), resumably.
 
@@ -97,6 +98,9 @@ def train(
             `Progress` that the caller shares between the phases of a command.
         callback: ``callback(iteration, model, record)`` after each metrics line (e.g. to
             draw pictures); it runs with isolated RNG so it cannot perturb training.
+        setup: the caller's work before this call (loading data, building the model), a
+            `Stopwatch` started when the command began; stopped here, and with
+            ``config.charge_validation`` charged to the budgets (and kept in ``last.pt``).
 
     Returns:
         A ``TrainResult``; ``stopped`` is ``"done"`` or ``"budget"``.
@@ -145,6 +149,10 @@ def train(
     if main:
         write_json(config.replace(device=str(device)).to_dict(), run_dir / "config.json")
         metrics = MetricsLog(run_dir / "metrics.jsonl", keep_until=state.iteration)
+    if setup is not None:
+        setup.stop()
+        state.setup.cpu += setup.cpu
+        state.setup.wall += setup.wall
     kind, threads = config.clock, torch.get_num_threads()
     timed = config.budget_minutes is not None or config.total_budget_minutes is not None \
         or config.val_every_minutes is not None  # fmt: skip

@@ -11,6 +11,7 @@ from torch import Tensor
 from ..flows.shape_flow import ShapeFlow
 from ..manifolds.shape_paths import GEOMETRIES, check_full_rank
 from .checkpoint import load_checkpoint
+from .clock import Stopwatch
 from .config import TrainConfig
 from .loop import train
 from .progress import Progress
@@ -30,6 +31,7 @@ def fit_shape_flow(
     coupling: str | None = None,
     geometry: str | None = None,
     progress: bool | Progress = True,
+    setup: Stopwatch | None = None,
 ) -> TrainResult:
     """Train (or continue) ``model`` on ``train_clouds: (N, n, d)`` in ``run_dir`` (packed
     ``(N, n, d + 1)`` with their labels for a model with labels per cloud, as the
@@ -46,6 +48,7 @@ def fit_shape_flow(
             lines, EFM's; ``"grassmann"``: span and metric on their own geodesics; default
             the model's ``config.geometry``).
         progress: show progress (or a command's `Progress` line).
+        setup: the caller's work before training, charged as `train` says.
     """
     coupling = model.config.coupling if coupling is None else coupling
     geometry = model.config.geometry if geometry is None else geometry
@@ -58,7 +61,7 @@ def fit_shape_flow(
     model.fit_prior(train_clouds)
     objective = functools.partial(cfm_objective, coupling=coupling, geometry=geometry)
     return train(model, train_clouds, config, run_dir, val_data=val_clouds, objective=objective,
-                 resume=True, progress=progress)  # fmt: skip
+                 resume=True, progress=progress, setup=setup)  # fmt: skip
 
 
 def load_shape_flow(

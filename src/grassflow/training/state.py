@@ -34,6 +34,8 @@ class TrainState:
         train: CPU and wall seconds of training (validation excluded), summed over
             invocations; it runs while the loop trains.
         val: CPU and wall seconds of validation, summed over invocations.
+        setup: CPU and wall seconds the callers spent before training (loading the data,
+            building the model), summed over invocations; charged with validation.
         saved_iteration: iteration stored in ``last.pt`` (None if not written yet).
         spent_total_budget: the ``total_budget_minutes`` that stopped the run, if it did; a
             rerun with a total no larger than this trains no further.
@@ -50,6 +52,7 @@ class TrainState:
     best_iteration: int | None = None
     train: Stopwatch = field(default_factory=Stopwatch)
     val: Stopwatch = field(default_factory=Stopwatch)
+    setup: Stopwatch = field(default_factory=Stopwatch)
     saved_iteration: int | None = None
     spent_total_budget: float | None = None
     val_points: int | None = None
@@ -191,6 +194,8 @@ def load_last(
         train=Stopwatch(float(ckpt.get("cpu_s", ckpt.get("elapsed", 0.0))),
                         float(ckpt.get("wall_s", ckpt.get("elapsed", 0.0)))),  # fmt: skip
         val=Stopwatch(float(ckpt.get("val_cpu_s", 0.0)), float(ckpt.get("val_wall_s", 0.0))),
+        setup=Stopwatch(float(ckpt.get("setup_cpu_s", 0.0)),
+                        float(ckpt.get("setup_wall_s", 0.0))),  # fmt: skip
         saved_iteration=int(ckpt["iteration"]),
         spent_total_budget=ckpt.get("spent_total_budget"),
         val_points=ckpt.get("val_points"),
@@ -200,4 +205,6 @@ def load_last(
 
 def _times(state: TrainState) -> dict[str, float]:
     return {"cpu_s": state.train.seconds("cpu"), "wall_s": state.train.seconds("wall"),
-            "val_cpu_s": state.val.seconds("cpu"), "val_wall_s": state.val.seconds("wall")}
+            "val_cpu_s": state.val.seconds("cpu"), "val_wall_s": state.val.seconds("wall"),
+            "setup_cpu_s": state.setup.seconds("cpu"),
+            "setup_wall_s": state.setup.seconds("wall")}  # fmt: skip
