@@ -70,7 +70,7 @@ def _shape_experiment(args):
     flow = {"total_budget_minutes": args.minutes, "budget_minutes": args.session_minutes,
             "iterations": args.iterations, "clock": args.clock, "batch_size": args.batch_size,
             "lr": args.lr, "grad_clip": args.grad_clip, "seed": args.seed,
-            "device": args.device, "ema_decay": args.ema}  # fmt: skip
+            "device": args.device, "ema_decay": args.ema, "dtype": args.dtype}  # fmt: skip
     exp = shapes.ShapeExperiment(
         data=args.data, key=args.key, model=args.model, geometry=args.geometry,
         use_bonds=False if args.no_bonds else None,

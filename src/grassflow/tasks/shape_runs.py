@@ -98,7 +98,7 @@ def _flow_config() -> TrainConfig:
     return TrainConfig(
         lr=1e-3, weight_decay=1e-12, batch_size=128, iterations=20_000, val_every=None,
         val_doubling_from=100, val_every_minutes=3.0, log_every=100, checkpoint_every=200,
-        dtype="float64",
+        dtype="float32",  # 2.2x the steps of float64 per CPU second; eval stays float64
     )  # fmt: skip
 
 
@@ -350,6 +350,9 @@ def run(
         exp = dataclasses.replace(exp, harmonic_prior=old.get("harmonic_prior") if old else new)
     if old:
         exp = dataclasses.replace(exp, hand=old.get("hand"))
+        trained = old.get("flow", {}).get("dtype", "float64")
+        if exp.flow.dtype == _flow_config().dtype:  # the preset's: a run continues as trained
+            exp.flow = exp.flow.replace(dtype=trained)
     elif exp.bonds and exp.use_bonds:
         exp = dataclasses.replace(exp, hand=find_hand(splits["train"].numpy(), exp.bonds))
     if exp.hand is not None:
