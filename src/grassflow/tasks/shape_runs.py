@@ -98,7 +98,7 @@ def _flow_config() -> TrainConfig:
     return TrainConfig(
         lr=1e-3, weight_decay=1e-12, batch_size=128, iterations=20_000, val_every=None,
         val_doubling_from=100, val_every_minutes=3.0, log_every=100, checkpoint_every=200,
-        dtype="float32",  # 2.2x the steps of float64 per CPU second; eval stays float64
+        dtype="float32",  # 2.1x the steps of float64 per CPU second; eval stays float64
     )  # fmt: skip
 
 
