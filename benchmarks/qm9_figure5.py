@@ -38,10 +38,12 @@ def main() -> None:
     nearest = {}
     for name, run in runs.items():
         exp = read_preset(Path(run), EFMExperiment.from_dict, "vs-enf")
-        train = load_splits(exp.system, exp.n_train, exp.data_dir)["train"].numpy()
+        train = load_splits(exp.system, exp.n_train, exp.data_dir, exp.atom_types)["train"]
+        z = np.asarray(QM9_TYPES)[train[..., 3].long().numpy()] if exp.atom_types else None
         path = out.with_name(f"{out.stem}_{name}_nearest.png")
-        nearest[name] = plot_nearest(samples[name], train, path, args.n,
-                                     sample_charges=charges.get(name))[1].round(3).tolist()
+        nearest[name] = plot_nearest(samples[name], train[..., :3].numpy(), path, args.n,
+                                     charges=z, sample_charges=charges.get(name))[1]
+        nearest[name] = nearest[name].round(3).tolist()
     print(json.dumps({"clash_fraction": clashes, "nearest_rmsd": nearest}))
 
 
