@@ -244,6 +244,8 @@ def test_chemistry_summary_counts_mirrors_and_broken_samples():
     assert s["n_samples"] == 8 and s["n_reference"] == 8
     assert s["stereo_kept"] == pytest.approx(3 / 8) and s["n_stereo"] == 1
     assert s["clash_fraction"] == pytest.approx(1 / 8) and s["bonds_kept"] == pytest.approx(7 / 8)
+    # the clash is a bond squeezed to 0.1 Å, not two unbonded atoms: no steric clash
+    assert s["nonbonded_clash_fraction"] == 0.0
     assert s["bonds_kept_reference"] == 1.0 and s["n_capped_energy"] == 1
     assert s["energy_w1"] > s["energy_w1_half"] >= 0
     assert s["n_torsions"] == len(ch.torsion_quads(mol))

@@ -223,6 +223,15 @@ def test_closest_pair_fraction_against_brute_force():
     assert closest_pair_fraction(edge) == 0.5
     with pytest.raises(ValueError, match="N, n, d"):
         closest_pair_fraction(X[0])
+    # catches a bonded pair counted as a clash, or an excluded pair that leaves others out:
+    # brute force over the pairs other than (1, 4) and (2, 5), in either order
+    left = {(1, 4), (4, 1), (5, 2), (2, 5)}
+    brute = np.mean([min((X[c, a] - X[c, b]).norm().item() for a in range(7) for b in range(a)
+                         if (a, b) not in left) < 0.9 for c in range(50)])  # fmt: skip
+    assert closest_pair_fraction(X, exclude=[[4, 1], [2, 5]]) == brute < 17 / 50
+    assert closest_pair_fraction(edge, exclude=[[0, 1]]) == 0.0
+    with pytest.raises(ValueError, match="exclude"):
+        closest_pair_fraction(X, exclude=[[0, 7]])
 
 
 def test_cli_reaches_the_sweep(tmp_path, monkeypatch, capsys):

@@ -359,6 +359,7 @@ def chemistry_summary(mol: Mol, X_samples, X_ref, bonds, *, tol: float = 0.1, cl
       around the reference's mean bond lengths (atom order fixed, no matching);
     - ``angle_error``, ``angle_error_reference``: `bond_angle_error` in degrees;
     - ``clash_fraction``: `closest_pair_fraction` below ``clash`` Å;
+      ``nonbonded_clash_fraction``: the same over the pairs that are not bonded;
     - ``energy_w1``, ``energy_w1_half``: `energy_w1_capped` (kcal/mol) at ``energy_cap``
       (`energy_cap` with ``margin``); ``n_nonfinite_energy``; ``n_capped_energy`` (above the
       cap, non-finite included); ``energy_median``, ``energy_median_reference``;
@@ -394,6 +395,7 @@ def chemistry_summary(mol: Mol, X_samples, X_ref, bonds, *, tol: float = 0.1, cl
         "angle_error": bond_angle_error(X, R, bonds),
         "angle_error_reference": bond_angle_error(R, R, bonds),
         "clash_fraction": closest_pair_fraction(X, clash),
+        "nonbonded_clash_fraction": closest_pair_fraction(X, clash, exclude=bonds),
         "energy_w1": energy_w1_capped(E, Er, cap),
         "energy_w1_half": half_split(lambda a, b: energy_w1_capped(a, b, cap), Er, seed),
         "energy_cap": cap,
