@@ -12,6 +12,7 @@ from torch import nn
 from .batches import BatchStream
 from .checkpoint import atomic_save
 from .config import TrainConfig
+from .ema import ParameterEMA
 from .state import TrainState, save_last
 
 __all__ = ["Checkpointer"]
@@ -37,7 +38,8 @@ class Checkpointer:
                  optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler | None, stream: BatchStream, *,
                  write: bool = True,
-                 gather_rng: Callable[[], list[dict]] | None = None, ema=None):  # fmt: skip
+                 gather_rng: Callable[[], list[dict]] | None = None,
+                 ema: ParameterEMA | None = None):  # fmt: skip
         self.last_path, self.best_path = run_dir / "last.pt", run_dir / "best.pt"
         self.config, self.model, self.optimizer = config, model, optimizer
         self.scheduler, self.stream = scheduler, stream

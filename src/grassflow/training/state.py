@@ -13,6 +13,7 @@ from .batches import BatchStream
 from .checkpoint import FORMAT_VERSION, CheckpointError, atomic_save, load_checkpoint
 from .clock import Stopwatch
 from .config import TrainConfig
+from .ema import ParameterEMA
 from .rng import capture_rng_state, derive_seed, restore_rng_state, seed_all
 
 __all__ = ["TrainState", "load_last", "make_optimizer", "save_last"]
@@ -86,7 +87,7 @@ def save_last(
     scheduler,
     stream: BatchStream,
     rng_ranks: list[dict] | None = None,
-    ema=None,
+    ema: ParameterEMA | None = None,
 ) -> None:
     """Write everything needed to resume atomically to ``path`` and note it in ``state``.
 
@@ -133,7 +134,7 @@ def load_last(
     stream: BatchStream,
     rank: int = 0,
     world: int = 1,
-    ema=None,
+    ema: ParameterEMA | None = None,
 ) -> TrainState:
     """Restore model, optimizer, schedule, data stream, RNGs and ``ema`` (the run's
     `ParameterEMA`, if any) from ``path``.
