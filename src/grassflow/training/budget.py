@@ -5,7 +5,8 @@ The charged seconds are training's on ``config.clock``, plus validation's and th
 (what the caller did before training) when ``config.charge_validation`` is set (a command
 whose ``--minutes`` bounds all its work). The
 limit of an invocation is its own ``budget_minutes`` or what is left of the run's
-``total_budget_minutes``, whichever is smaller.
+``total_budget_minutes``, whichever is smaller. The validations of the run, all invocations
+together, take at most ``val_total_share`` of its budget (`BudgetClock.affords_validation`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class BudgetClock:
 
     Args:
         config: the run's configuration (``clock``, budgets, ``charge_validation``,
-            ``reserve_points``, ``val_share``).
+            ``reserve_points``, ``val_share``, ``val_total_share``).
         state: the run's counters; its ``train`` stopwatch runs while the loop trains.
         sync: with several ranks, the maximum of a value over them; time-based decisions
             must agree on every rank, or the ranks part ways. None: one process.
@@ -61,6 +62,15 @@ class BudgetClock:
         self.start_iteration = state.iteration
         self.start_s = state.train.seconds(self.kind)
         self.validation_s = 0.0  # validation seconds of this invocation (the slowest rank's)
+        # earlier invocations' validation, as last.pt has it (the same on every rank)
+        self.val_before_s = state.val.seconds(self.kind)
+        self.val_cap_s = None  # what the run's validations may take, all invocations
+        if self.limit_s is not None:
+            # a share of the run's whole budget: on resume, of what is left it would let
+            # the earlier validations crowd out all of this invocation's
+            run_s = 60.0 * config.total_budget_minutes if self.by_total \
+                else self.limit_s + self.start_s + self.val_before_s  # fmt: skip
+            self.val_cap_s = config.val_total_share * run_s
         self._synced: float | None = None
 
     def tick(self) -> None:
@@ -84,6 +94,10 @@ class BudgetClock:
 
     def add_validation(self, seconds: float) -> None:
         self.validation_s += seconds
+
+    def validated(self) -> float:
+        """Validation seconds of the run (all invocations, pricing included)."""
+        return self.val_before_s + self.validation_s
 
     def reserve(self, cost: float | None, points: int = 1) -> float:
         """Seconds kept free for the final validation (``cost``, of ``points`` points) and
@@ -109,10 +123,14 @@ class BudgetClock:
         return self.trained() * (1 + 1 / steps) + other > self.limit_s
 
     def affords_validation(self, cost: float | None, points: int = 1) -> bool:
-        """Whether a validation that is not the final one leaves at least as much time for
-        training as it takes (always, unless validation is charged and the time is short)."""
+        """Whether a validation that is not the final one, of ``cost`` seconds, leaves at
+        least as much time for training as it takes, and keeps the run's validation within
+        ``val_cap_s`` with room for the final one (of the same cost); always, unless
+        validation is charged to a limit (or its cost is not known yet)."""
         if cost is None or not self.charge_validation or self.limit_s is None:
             return True
+        if self.validated() + 2 * cost > self.val_cap_s:
+            return False
         return self.limit_s - self.spent() - self.reserve(cost, points) >= 2 * cost
 
     def affords_final(self, cost: float | None) -> bool:

@@ -76,7 +76,8 @@ class TrainConfig:
         charge_validation: validation counts against both budgets, and training stops
             early enough that the final validation fits too (at the cost of the last one),
             so a budget bounds training and validation together; a validation that would
-            leave less training time than it takes is then skipped (the final one never is).
+            leave less training time than it takes, or take the run's validation past
+            ``val_total_share``, is then skipped (the final one never is).
         reserve_points: with ``charge_validation``, also keep the time of scoring this many
             validation points free for the caller's work after training (a test
             evaluation), >= 0; if that would take more than half the budget, nothing is
@@ -85,6 +86,13 @@ class TrainConfig:
             this share of the invocation's limit: the first is priced on a few points, and
             if all of ``val_data`` would cost more, the run validates on its first points
             only (as many as fit, at least 8; fixed for the run, kept in ``last.pt``).
+        val_total_share: with ``charge_validation`` and a budget, all validations of the
+            run (every invocation's, the pricing included) take at most this share of its
+            budget (the total one, or the earlier invocations' charged seconds plus this
+            one's limit), in (0, 1]: a validation other than the final one is skipped when
+            the validation seconds so far, its own estimated cost and the final one's would
+            exceed it. The final one is kept to the rest of the budget only, so it may end
+            above the share when it alone costs more. 1 leaves validation to the other rules.
         clock: what the budgets count: ``"cpu"``, this process's CPU time (all its threads;
             per rank under torchrun), which other jobs on the machine do not change, or
             ``"wall"``, wall-clock time (see `clock`).
@@ -114,6 +122,7 @@ class TrainConfig:
     charge_validation: bool = False
     reserve_points: float = 0.0
     val_share: float = 0.1
+    val_total_share: float = 0.1
     clock: str = "cpu"
     device: str = "auto"
     dtype: str = "float32"
@@ -161,6 +170,8 @@ class TrainConfig:
             raise ValueError(f"reserve_points must be >= 0, got {self.reserve_points!r}")
         if not (_is_real(self.val_share) and 0 < self.val_share <= 1):
             raise ValueError(f"val_share must be in (0, 1], got {self.val_share!r}")
+        if not (_is_real(self.val_total_share) and 0 < self.val_total_share <= 1):
+            raise ValueError(f"val_total_share must be in (0, 1], got {self.val_total_share!r}")
         if self.clock not in CLOCKS:
             raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
         if self.dtype not in _DTYPES:
