@@ -190,6 +190,16 @@ def _split_fractions(text: str) -> tuple[float, float]:
 def cmd_sample(args) -> None:
     _warn_if_unfinished(args.run_dir)
     kind, run_kind = _run_kind(args.run_dir)
+    if args.reweight is None and args.temperature is not None:
+        raise ValueError("--temperature is the target's, for --reweight mmff")
+    if args.reweight is not None:  # refuses runs of other kinds than 'shapes'
+        from ..tasks.reweight import reweight, reweight_line
+
+        r = reweight(args.run_dir, args.n, args.seed, args.temperature, args.out, progress=True)
+        print(r["written"])
+        print("wrote", ", ".join(r["files"]))
+        print(reweight_line(r))
+        return
     if run_kind.sample is None:
         raise ValueError(f"{args.run_dir} is a run of kind {kind!r}, which `grassflow sample` "
                          "cannot sample")  # fmt: skip
@@ -299,6 +309,14 @@ def add_commands(sub) -> None:
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--out", default="samples.npz")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reweight", choices=("mmff",),
+                   help="also weigh the samples to the Boltzmann distribution of this energy "
+                        "(mmff: MMFF94, RDKit) by importance weights w ~ exp(-E/kT) / q, "
+                        "written to OUT_weights.npy (and .npz with the energies and log q); "
+                        "prints the effective sample size. Molecule runs of `train --data`")
+    p.add_argument("--temperature", type=float, metavar="K",
+                   help="the target's temperature for --reweight (default: the data's, which "
+                        "`grassflow data conformers` records)")  # fmt: skip
     p.set_defaults(func=cmd_sample)
 
     p = sub.add_parser("plot", help="pictures of a run and/or of the prior")

@@ -7,7 +7,9 @@ against the unnormalized target ``exp(-beta U(x))`` by
   (`energy_w1`), and
 - the self-normalized importance weights ``w_n ~ exp(-beta U(x_n)) / q(x_n)``
   (`log_importance_weights`) and their Kish effective sample size
-  (`effective_sample_size`).
+  (`effective_sample_size`); `boltzmann_weights` makes them from energies ``E`` and ``kT``
+  (a failed energy, ``+inf`` or NaN, gets weight 0) and `ess_fraction` reads the ESS off
+  normalized weights.
 
 Energies may be ``+inf`` (overlapping particles); `finite_energies` drops those and
 says how many it dropped, since the W1 of two sets with infinite values is undefined.
@@ -27,8 +29,10 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "boltzmann_weights",
     "effective_sample_size",
     "energy_w1",
+    "ess_fraction",
     "finite_energies",
     "log_importance_weights",
 ]
@@ -169,3 +173,71 @@ def effective_sample_size(log_w: Tensor) -> float:
         raise ValueError("all weights are zero (log_w is -inf everywhere)")
     log_ess = 2 * torch.logsumexp(log_w, 0) - torch.logsumexp(2 * log_w, 0)
     return float((log_ess - math.log(log_w.numel())).exp())
+
+
+def boltzmann_weights(E, log_q, kT: float) -> tuple[np.ndarray, int]:
+    """Normalized importance weights of samples of ``q`` for the target ``exp(-E / kT)``.
+
+    ``w_n = exp(-E_n / kT - log_q_n) / sum_m exp(-E_m / kT - log_q_m)``
+    (`log_importance_weights`; the partition functions cancel). A non-finite energy
+    (``+inf`` or NaN: a failed force-field evaluation; ``-inf`` too, which no force field
+    returns) gets weight exactly 0 and is counted; its ``log_q`` is not read, so a sample
+    that failed altogether does not stop the rest.
+
+    Args:
+        E (ArrayLike): energies, shape=[N], in the units of ``kT`` (kcal/mol for MMFF94:
+            ``kT = KB_KCAL * T``, `grassflow.data.conformers.KB_KCAL`).
+        log_q (ArrayLike): the proposal's exact log-density of each sample (nats), shape=[N],
+            on the same coordinates as the target density.
+        kT: the thermal energy, > 0, in the units of ``E``.
+
+    Returns:
+        ``(w, n_zero)``: float64 weights, shape=[N], ``w >= 0`` summing to 1; and the number
+        of non-finite energies (whose weight is 0).
+
+    Raises:
+        ValueError: mismatched shapes, empty input, ``kT`` not finite and > 0, every energy
+            non-finite, or a non-finite ``log_q`` where the energy is finite.
+    """
+    E = np.asarray(E.detach().cpu() if isinstance(E, Tensor) else E, dtype=np.float64)
+    log_q = np.asarray(log_q.detach().cpu() if isinstance(log_q, Tensor) else log_q,
+                       dtype=np.float64)  # fmt: skip
+    if E.ndim != 1 or E.shape != log_q.shape:
+        raise ValueError(f"E and log_q must be (N,) of equal shape, got {E.shape} and "
+                         f"{log_q.shape}")  # fmt: skip
+    if E.size == 0:
+        raise ValueError("E and log_q are empty")
+    if not (math.isfinite(kT) and kT > 0):
+        raise ValueError(f"kT must be finite and > 0, got {kT!r}")
+    ok = np.isfinite(E)
+    if not ok.any():
+        raise ValueError(f"all {E.size} energies are non-finite: every weight would be zero")
+    # a failed sample's weight is 0 whatever q says of it: its log_q is not used
+    log_target = np.where(ok, -np.where(ok, E, 0.0) / kT, -np.inf)
+    log_w = log_importance_weights(torch.from_numpy(log_target),
+                                   torch.from_numpy(np.where(ok, log_q, 0.0)))  # fmt: skip
+    w = log_w.exp().numpy()
+    return w / w.sum(), int(E.size - ok.sum())  # exp rounds: normalize again to sum 1
+
+
+def ess_fraction(w) -> float:
+    """Kish effective sample size as a fraction of ``N``: ``(sum w)^2 / (N sum w^2)``.
+
+    `effective_sample_size` of ``log w``: zero weights (failed samples) count in ``N``.
+
+    Args:
+        w (ArrayLike): non-negative weights, shape=[N], normalized or not.
+
+    Returns:
+        ESS / N in ``[1/N, 1]``.
+
+    Raises:
+        ValueError: empty input, a negative or non-finite weight, or all weights zero.
+    """
+    w = np.asarray(w.detach().cpu() if isinstance(w, Tensor) else w, dtype=np.float64)
+    if w.ndim != 1 or w.size == 0:
+        raise ValueError(f"w must be a non-empty (N,) array, got shape {w.shape}")
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ValueError("w must be finite and >= 0")
+    with np.errstate(divide="ignore"):  # log 0 = -inf: a zero weight
+        return effective_sample_size(torch.from_numpy(np.log(w)))

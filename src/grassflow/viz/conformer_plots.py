@@ -16,6 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..metrics.chemistry import dihedrals, energy_cap, torsion_jsd
+from ..metrics.histograms import jsd
 from .energies import draw_histograms
 
 __all__ = ["plot_conformer_energies", "plot_ramachandran", "plot_torsions"]
@@ -37,12 +38,17 @@ def plot_conformer_energies(
     labels: tuple[str, str] = ("samples", "reference"),
     bins: int = 60,
     margin: float = 100.0,
+    weights=None,
 ) -> Path:
     """Overlaid MMFF energy histograms (shared bins) of samples and reference in one PNG.
 
     The bins span the reference energies and the finite sample energies up to the cap of
     `grassflow.metrics.chemistry.energy_cap` ``(E_ref, margin)``; the legend counts the
     non-finite samples and the title the samples above the cap (left out of the picture).
+    With ``weights`` (importance weights of the samples, e.g.
+    `grassflow.metrics.boltzmann.boltzmann_weights`), the reweighted histogram of the same
+    samples is drawn too, over the same shown range (the title gives the share of the weight
+    above the cap).
 
     Args:
         E_samples (ArrayLike): kcal/mol, shape=[N].
@@ -51,24 +57,51 @@ def plot_conformer_energies(
         labels: legend labels of samples and reference.
         bins: number of equal bins.
         margin: kcal/mol above the highest reference energy that the bins may reach.
+        weights (ArrayLike): None, or ``>= 0`` per sample (0 for non-finite energies),
+            shape=[N].
 
     Returns:
         ``path``.
     """
     E = np.asarray(E_samples, dtype=np.float64).ravel()
     Er = np.asarray(E_ref, dtype=np.float64).ravel()
+    w = _sample_weights(weights, E.size)
     cap = energy_cap(Er, margin)
     shown = E[np.isfinite(E) & (E <= cap)]
     lo = min(Er.min(), shown.min()) if shown.size else Er.min()
     hi = max(Er.max(), shown.max()) if shown.size else Er.max()
     fig = Figure(figsize=(5.0, 3.5))
     ax = fig.add_subplot(1, 1, 1)
-    draw_histograms(ax, {labels[0]: E, labels[1]: Er}, bins=bins, limits=(lo, hi + 1e-9),
-                    xlabel="MMFF94 energy (kcal/mol)")  # fmt: skip
+    limits = (lo, hi + 1e-9)
+    with np.errstate(invalid="ignore"):  # every sample above the cap: an empty 0/0 density
+        draw_histograms(ax, {labels[0]: E, labels[1]: Er}, bins=bins, limits=limits,
+                        xlabel="MMFF94 energy (kcal/mol)")  # fmt: skip
     above = int((E > cap).sum())  # +inf included; NaN is only in the legend's count
-    ax.set_title(f"{above} of {E.size} {labels[0]} above {cap:.0f} kcal/mol (not shown)"
-                 if above else "", fontsize=9)  # fmt: skip
+    title = f"{above} of {E.size} {labels[0]} above {cap:.0f} kcal/mol (not shown)" if above \
+        else ""  # fmt: skip
+    if w is not None:
+        keep = np.isfinite(E) & (E <= cap) & (w > 0)
+        if w[keep].sum() > 0:  # the same bins as draw_histograms'; density over what is shown
+            ax.hist(E[keep], bins=np.linspace(*limits, bins + 1), weights=w[keep], density=True,
+                    histtype="step", lw=1.5, ls="--", label=f"{labels[0]}, reweighted")  # fmt: skip
+            ax.legend(fontsize=8)
+        hidden = 1.0 - w[keep].sum() / w.sum()
+        if above and hidden > 0.005:  # a density of a sliver of the weight would mislead
+            title += f", {100 * hidden:.0f} % of the weight"
+    ax.set_title(title, fontsize=9)
     return _save(fig, path)
+
+
+def _sample_weights(weights, n: int) -> np.ndarray | None:
+    """``weights`` as float64 ``(n,)`` (checked: finite, ``>= 0``, not all 0), or None."""
+    if weights is None:
+        return None
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    if w.size != n:
+        raise ValueError(f"weights has {w.size} values for {n} samples")
+    if not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        raise ValueError("weights must be finite, >= 0 and not all 0")
+    return w
 
 
 def plot_torsions(
@@ -79,9 +112,14 @@ def plot_torsions(
     labels: tuple[str, str] = ("samples", "reference"),
     bins: int = 36,
     ncols: int = 4,
+    weights=None,
 ) -> Path:
     """One small panel per torsion: histograms (degrees, -180..180) of samples and reference,
     titled with the atoms and the JSD of `grassflow.metrics.chemistry.torsion_jsd`.
+
+    With ``weights`` (importance weights of the samples), the reweighted histogram of the
+    samples is drawn too and the title adds its JSD to the reference (``rew.``: same bins,
+    weighted counts).
 
     Args:
         X_samples (ArrayLike): shape=[N, n, 3].
@@ -91,6 +129,7 @@ def plot_torsions(
         labels: legend labels of samples and reference.
         bins: bins on (-180, 180].
         ncols: panels per row.
+        weights (ArrayLike): None, or ``>= 0`` per sample, shape=[N].
 
     Returns:
         ``path``.
@@ -99,6 +138,7 @@ def plot_torsions(
     if len(q) == 0:
         raise ValueError("no torsions to plot (quads is empty)")
     phi, phi_ref = np.degrees(dihedrals(X_samples, q)), np.degrees(dihedrals(X_ref, q))
+    w = _sample_weights(weights, len(phi))
     jsds = torsion_jsd(X_samples, X_ref, q, bins)
     ncols = min(ncols, len(q))
     nrows = math.ceil(len(q) / ncols)
@@ -108,10 +148,16 @@ def plot_torsions(
         ax = fig.add_subplot(nrows, ncols, t + 1)
         for v, label in ((phi[:, t], labels[0]), (phi_ref[:, t], labels[1])):
             ax.hist(v, bins=edges, density=True, histtype="step", lw=1.3, label=label)
+        title = f"{'-'.join(map(str, quad))}  JSD {jsds[t]:.3f}"
+        if w is not None:
+            ax.hist(phi[:, t], bins=edges, weights=w, density=True, histtype="step", lw=1.3,
+                    ls="--", label=f"{labels[0]}, reweighted")  # fmt: skip
+            h = np.histogram(phi[:, t], bins=edges, weights=w)[0]
+            title += f", rew. {jsd(h, np.histogram(phi_ref[:, t], bins=edges)[0]):.3f}"
         ax.set_xlim(-180, 180)
         ax.set_xticks([-180, -90, 0, 90, 180])
         ax.set_yticks([])
-        ax.set_title(f"{'-'.join(map(str, quad))}  JSD {jsds[t]:.3f}", fontsize=8)
+        ax.set_title(title, fontsize=8)
         ax.tick_params(labelsize=7)
         if t == 0:
             ax.legend(fontsize=7)
