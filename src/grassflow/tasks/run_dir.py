@@ -45,7 +45,8 @@ logger = logging.getLogger(__name__)
 # invocation may train, where, and where the data lie (data.json hashes their content).
 # per-invocation settings: the budget, the device, and what a budget covers
 _FREE = tuple(f"{part}.{key}" for part in ("train", "flow", "gram") for key in
-              ("budget_minutes", "device", "charge_validation", "reserve_points", "val_share")) \
+              ("budget_minutes", "device", "charge_validation", "reserve_points", "val_share",
+               "val_total_share")) \
     + ("data_dir", "cache_dir", "data")  # fmt: skip
 KIND_KEY = "kind"
 """The key of ``experiment.json`` that names the run's kind (absent in runs made before it)."""

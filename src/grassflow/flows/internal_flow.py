@@ -1,0 +1,306 @@
+r"""``InternalFlow``: a molecule's shape model in internal coordinates (bonds, angles, torsions).
+
+A normalized density on the conformers of one molecule with a bond graph, with the same
+contract as `ShapeFlow`: ``log_prob`` in nats per molecule on the (n - 1) 3 centred
+coordinates (so NLLs compare row by row), ``sample`` and ``sample_with_log_prob``, one
+config record.
+
+The pieces, each an exact bijection with its log-determinant:
+
+1. ``x -> (R, q)``: `grassflow.manifolds.internal.InternalCoordinates` of the bond graph's
+   `ZMatrix` (ring atoms as a Cartesian block in the root frame, so rings stay closed); the
+   orientation R is uniform on SO(3), ``log p(x) = log p(q) - log 8 pi^2 - log J(q)``.
+2. ``q -> u`` in R^(3n - 6): bond lengths by ``log``, angles by ``logit(theta / pi)``, and
+   each torsion, cut open at its least populated angle in the training data ``c``, by
+   ``logit(((phi - c) mod 2 pi) / 2 pi)``. The torus minus one point per torsion (measure
+   zero) maps onto R, so the density over (bonds, angles) x torus stays exactly normalized,
+   and a torsion's modes never straddle the cut.
+3. Whitening ``u -> L^{-1}(u - mu)``, fitted to the training data (`fit_normalization`): full
+   covariance over bonds, angles and the ring block (their correlations close rings),
+   per-coordinate scales for torsions.
+4. A rational-quadratic neural spline flow (zuko's ``NSF``, autoregressive by default) from
+   a standard normal: one pass gives the exact log-density; sampling inverts it.
+
+A bond is then one coordinate with its own small spread, so a broken bond is nearly
+impossible, which a Cartesian field has to learn to 1 %.
+
+The hand: internal coordinates carry it in the signs of the torsions (a mirror image has
+every torsion negated, bonds and angles unchanged), and the density is over both hands:
+``(R, q) -> x`` covers every non-degenerate configuration, mirror images included, once. A
+mirror image gets the density of its negated torsions, which a model trained on one hand
+makes small; nothing is reflected or cut, so normalization needs no correction.
+
+References:
+    Noé, Olsson, Köhler, Wu. Boltzmann generators. Science 365 (2019).
+    Durkan, Bekasov, Murray, Papamakarios. Neural spline flows. NeurIPS 2019.
+    Rozet et al. zuko: normalizing flows in PyTorch (the ``NSF`` used here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..manifolds.internal import LOG_SO3_VOLUME, InternalCoordinates, random_rotation
+from ..manifolds.zmatrix import ZMatrix, build_zmatrix
+
+__all__ = ["InternalFlow", "InternalFlowConfig"]
+
+TWO_PI = 2 * math.pi
+TINY = 1e-9  # keeps logits finite at the ends of (0, 1)
+CUT_BINS = 36
+
+
+def _zuko():
+    try:
+        import zuko
+    except ImportError as e:  # a core dependency; a broken install should say so
+        raise ImportError("InternalFlow needs zuko: pip install zuko") from e
+    return zuko
+
+
+@dataclass(frozen=True)
+class InternalFlowConfig:
+    """Everything that defines an internal-coordinate model (`to_dict`, `from_dict`);
+    `InternalFlow.from_config` builds it.
+
+    Attributes:
+        n_points: n, atoms per molecule (>= 3).
+        bonds: the bond graph ``((i, j), ...)``, connected.
+        labels: atomic numbers (hydrogens, 1, are placed after heavy atoms); or None.
+        cartesian_rings: ring atoms as one Cartesian block in the root frame (default);
+            False: Z-matrix rows for them too (ring-closing bonds left implicit).
+        transforms, hidden, bins: the spline flow's layers, its conditioners' hidden
+            widths, and the spline's bins.
+        passes: None (autoregressive: one pass for the density, 3n - 6 to sample) or 2
+            (coupling: two for both).
+        zmatrix: the `ZMatrix` as a dict; None: built from the bond graph (`build_zmatrix`).
+        dim: 3 (molecules in space; the field is there so that the contract reads alike).
+    """
+
+    n_points: int
+    bonds: tuple[tuple[int, int], ...]
+    labels: tuple[int, ...] | None = None
+    cartesian_rings: bool = True
+    transforms: int = 4
+    hidden: tuple[int, ...] = (128, 128)
+    bins: int = 8
+    passes: int | None = None
+    zmatrix: dict | None = None
+    dim: int = 3
+
+    def __post_init__(self):
+        object.__setattr__(self, "bonds", tuple((int(i), int(j)) for i, j in self.bonds))
+        object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
+        if self.labels is not None:
+            object.__setattr__(self, "labels", tuple(int(a) for a in self.labels))
+            if len(self.labels) != self.n_points:
+                raise ValueError(f"labels must have {self.n_points} entries, got "
+                                 f"{len(self.labels)}")  # fmt: skip
+        if self.dim != 3:
+            raise ValueError(f"internal coordinates are for molecules in 3-D, got dim={self.dim}")
+        if self.passes not in (None, 2):
+            raise ValueError(f"passes must be None (autoregressive) or 2 (coupling), got "
+                             f"{self.passes!r}")  # fmt: skip
+        if self.zmatrix is None:
+            zm = build_zmatrix(self.n_points, self.bonds, self.labels, self.cartesian_rings)
+            object.__setattr__(self, "zmatrix", zm.to_dict())
+        ZMatrix(**self.zmatrix)  # refuses a bad one
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> InternalFlowConfig:
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown InternalFlowConfig fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+class InternalFlow(nn.Module):
+    """Normalized density on the conformers of one molecule, in internal coordinates.
+
+    Args:
+        config: an `InternalFlowConfig` (or use `from_config` with its dict).
+
+    Call `fit_normalization` with the training molecules before training (the torsions'
+    cuts and the whitening); its values are buffers, saved with the weights.
+    """
+
+    @classmethod
+    def from_config(cls, config: InternalFlowConfig | dict) -> InternalFlow:
+        """The model of ``config`` (an `InternalFlowConfig` or its ``to_dict``)."""
+        if isinstance(config, dict):
+            config = InternalFlowConfig.from_dict(config)
+        return cls(config)
+
+    def __init__(self, config: InternalFlowConfig):
+        super().__init__()
+        self.config = config
+        self.n_points, self.dim = config.n_points, 3
+        self.chunk_size = 1024  # molecules per likelihood call in `evaluate`
+        self.ic = InternalCoordinates(ZMatrix(**config.zmatrix))
+        m = self.ic.dim
+        self.flow = _zuko().flows.NSF(m, transforms=config.transforms, bins=config.bins,
+                                      hidden_features=config.hidden, passes=config.passes)
+        self.register_buffer("loc", torch.zeros(m, dtype=torch.float64))
+        self.register_buffer("scale_tril", torch.eye(m, dtype=torch.float64))
+        self.register_buffer("cut", torch.full((self.ic.n_torsions,), math.pi,
+                                               dtype=torch.float64))  # fmt: skip
+        self.last_stats: dict = {}
+
+    @property
+    def zmatrix(self) -> ZMatrix:
+        return self.ic.zmatrix
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's floating dtype (inputs must match it)."""
+        return self.loc.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.loc.device
+
+    @property
+    def event_dim(self) -> int:
+        """(n - 1) 3, the dimension of the centred coordinates."""
+        return 3 * (self.n_points - 1)
+
+    @property
+    def labels(self) -> Tensor | None:
+        labels = self.config.labels
+        return None if labels is None else torch.tensor(labels)
+
+    @property
+    def bonds(self) -> Tensor:
+        return torch.tensor(self.config.bonds)
+
+    def extra_repr(self) -> str:
+        zm = self.zmatrix
+        return (f"n_points={self.n_points}, rows={len(zm.rows)}, ring_block={len(zm.cartesian)}, "
+                f"q={self.ic.dim}")  # fmt: skip
+
+    # ------------------------------------------------------------ coordinates
+    def _check(self, P: Tensor) -> None:
+        if not isinstance(P, Tensor) or P.dim() != 3 or P.shape[1:] != (self.n_points, 3):
+            shape = tuple(P.shape) if isinstance(P, Tensor) else type(P).__name__
+            raise ValueError(f"P must be (B, {self.n_points}, 3) molecules, got {shape}")
+        if P.dtype != self.dtype or P.device != self.device:
+            raise ValueError(f"P is {P.dtype} on {P.device}, but the model is {self.dtype} on "
+                             f"{self.device}; convert with .to() first")  # fmt: skip
+        if P.shape[0] == 0 or not torch.isfinite(P).all():
+            raise ValueError(f"P must be a non-empty batch of finite molecules, got "
+                             f"{tuple(P.shape)}")  # fmt: skip
+
+    def unbounded(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        """``u: (B, 3n - 6)`` in R^(3n - 6) of internal coordinates ``q``, and
+        ``log |du/dq|: (B,)`` (step 2 of the module doc)."""
+        bonds, theta, phi, block = self.ic.split(q)
+        s_theta = (theta / math.pi).clamp(TINY, 1 - TINY)
+        s_phi = (torch.remainder(phi - self.cut, TWO_PI) / TWO_PI).clamp(TINY, 1 - TINY)
+        s = torch.cat([s_theta, s_phi], -1)
+        u = torch.cat([bonds.log(), torch.logit(s), block], -1)
+        scale = torch.cat([torch.full_like(s_theta, math.pi), torch.full_like(s_phi, TWO_PI)], -1)
+        ladj = -bonds.log().sum(-1) - (scale * s * (1 - s)).log().sum(-1)
+        return u, ladj
+
+    def bounded(self, u: Tensor) -> Tensor:
+        """The internal coordinates q of ``u`` (the inverse of `unbounded`)."""
+        nb, na, nt = self.ic.n_bonds, self.ic.n_angles, self.ic.n_torsions
+        log_b, a, t, block = u.split([nb, na, nt, self.ic.n_block], -1)
+        phi = torch.remainder(self.cut + TWO_PI * torch.sigmoid(t) + math.pi, TWO_PI) - math.pi
+        return torch.cat([log_b.exp(), math.pi * torch.sigmoid(a), phi, block], -1)
+
+    def whiten(self, u: Tensor) -> Tensor:
+        """``L^{-1} (u - mu)`` (step 3)."""
+        L = self.scale_tril
+        return torch.linalg.solve_triangular(L, (u - self.loc)[..., None], upper=False)[..., 0]
+
+    @torch.no_grad()
+    def fit_normalization(self, P: Tensor) -> None:
+        """Fit the torsions' cuts (each at the centre of the emptiest of `CUT_BINS` bins of
+        the training torsions, smoothed) and the whitening to the training molecules
+        ``P: (N, n, 3)`` (any dtype); refuses near-linear Z-matrix angles
+        (`InternalCoordinates.check_angles`)."""
+        if not isinstance(P, Tensor) or P.dim() != 3 or P.shape[1:] != (self.n_points, 3):
+            raise ValueError(f"P must be (N, {self.n_points}, 3) molecules")
+        P = P.to(self.loc)
+        self.ic.check_angles(P)
+        q = self.ic(P)[1]
+        phi = self.ic.split(q)[2]
+        width = TWO_PI / CUT_BINS
+        bins = ((phi + math.pi) / width).long().clamp(0, CUT_BINS - 1)
+        counts = torch.zeros(phi.shape[1], CUT_BINS, dtype=q.dtype, device=q.device)
+        counts.scatter_add_(1, bins.T, torch.ones_like(bins.T, dtype=q.dtype))
+        smooth = counts + 0.5 * (counts.roll(1, 1) + counts.roll(-1, 1))
+        self.cut.copy_(-math.pi + width * (smooth.argmin(1) + 0.5))
+        u = self.unbounded(q)[0]
+        self.loc.copy_(u.mean(0))
+        cov = torch.cov(u.T).reshape(u.shape[1], u.shape[1])
+        nb, na, nt = self.ic.n_bonds, self.ic.n_angles, self.ic.n_torsions
+        tors = torch.zeros(u.shape[1], dtype=torch.bool, device=u.device)
+        tors[nb + na: nb + na + nt] = True
+        keep = (~tors[:, None] & ~tors[None, :]) | torch.eye(len(tors), dtype=torch.bool,
+                                                             device=u.device)  # fmt: skip
+        cov = torch.where(keep, cov, torch.zeros_like(cov))
+        cov = cov + 1e-8 * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype,
+                                                              device=cov.device)  # fmt: skip
+        self.scale_tril.copy_(torch.linalg.cholesky(cov))
+
+    # ------------------------------------------------------------ densities
+    def _log_prob_q(self, q: Tensor) -> Tensor:
+        u, ladj = self.unbounded(q)
+        w = self.whiten(u)
+        ladj = ladj - self.scale_tril.diagonal().log().sum()
+        return self.flow().log_prob(w) + ladj
+
+    def log_prob(self, P: Tensor, labels: Tensor | None = None) -> Tensor:
+        """Exact log-density of molecules ``P: (B, n, 3)`` -> ``(B,)`` in nats per molecule,
+        w.r.t. Lebesgue measure on the (n - 1) 3 centred coordinates (any translation).
+        Differentiable. ``labels``: None (the contract of `ShapeFlow`; one molecule)."""
+        if labels is not None:
+            raise ValueError("InternalFlow models one molecule: pass labels=None")
+        self._check(P)
+        q = self.ic(P)[1]
+        return self._log_prob_q(q) - LOG_SO3_VOLUME - self.ic.log_volume(q)
+
+    def forward(self, P: Tensor, labels: Tensor | None = None) -> Tensor:
+        """Alias of `log_prob`."""
+        return self.log_prob(P, labels)
+
+    # ------------------------------------------------------------ sampling
+    def _sample_q(self, m: int, generator: torch.Generator | None) -> Tensor:
+        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+            raise ValueError(f"number of samples must be an integer >= 1, got {m!r}")
+        eps = torch.randn(m, self.ic.dim, dtype=self.dtype, generator=generator).to(self.device)
+        w = self.flow().transform.inv(eps)
+        u = self.loc + (self.scale_tril @ w[..., None])[..., 0]
+        return self.bounded(u)
+
+    def sample_with_log_prob(
+        self, m: int, generator: torch.Generator | None = None, labels: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``m`` centred molecules ``(m, n, 3)`` and their exact log-density ``(m,)`` (for
+        importance weights); ``generator``: a CPU generator, for reproducible draws."""
+        if labels is not None:
+            raise ValueError("InternalFlow models one molecule: pass labels=None")
+        with torch.no_grad():
+            q = self._sample_q(m, generator)
+            R = random_rotation(m, self.dtype, self.device, generator)
+            X = self.ic.inverse(R, q)
+            return X, self.log_prob(X)
+
+    def sample(self, m: int, generator: torch.Generator | None = None,
+               labels: Tensor | None = None) -> Tensor:  # fmt: skip
+        """``m`` centred molecules ``(m, n, 3)``."""
+        if labels is not None:
+            raise ValueError("InternalFlow models one molecule: pass labels=None")
+        with torch.no_grad():
+            q = self._sample_q(m, generator)
+            return self.ic.inverse(random_rotation(m, self.dtype, self.device, generator), q)

@@ -1,0 +1,226 @@
+r"""The Z-matrix of a molecule, from its bond graph alone.
+
+A Z-matrix places the atoms one at a time: the first three fix a frame (``root``), then each
+other atom ``i`` gets a bond length to ``j``, an angle ``i-j-k`` and a torsion ``i-j-k-l``,
+with ``j, k, l`` placed before it. `build_zmatrix` chooses them by these rules:
+
+* breadth-first from a heavy atom, heavy atoms before hydrogens among the neighbours; without
+  rings the root is the heavy atom closest to all others in the graph (the shortest chains);
+* ``j`` is a bonded atom placed before ``i`` (its breadth-first parent); ``k`` and ``l`` are
+  the placed atoms nearest in the graph (``k`` to ``j``, ``l`` to ``k``), heavy atoms first;
+* no two atoms share the same ``(j, k, l)``: two hydrogens on one carbon placed by the same
+  three atoms would each get an independent torsion, and could land on each other. The
+  second one takes the first one as its torsion reference instead (``l`` = a sibling), so
+  that its torsion is the stiff ~120° between the two.
+
+Rings (``cartesian_rings=True``, the default): a ring-closing bond is not a coordinate of
+any Z-matrix, so small errors in the ring's angles and torsions would add up around the
+ring and break it. The atoms of every ring are instead placed as one Cartesian block, by
+their coordinates in the frame of the three root atoms (which lie in a ring), as in
+bgflow's mixed coordinates; every other atom hangs off them by a Z-matrix row.
+
+References:
+    Köhler, Krämer, Noé (bgflow): mixed internal/Cartesian coordinates of Boltzmann
+    generators; Noé, Olsson, Köhler, Wu. Boltzmann generators. Science 365 (2019).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = ["ZMatrix", "build_zmatrix", "ring_atoms"]
+
+
+@dataclass(frozen=True)
+class ZMatrix:
+    """The placement of a molecule's atoms (indices into its atom order).
+
+    Attributes:
+        n_atoms: n.
+        root: ``(a0, a1, a2)``: a0 at the origin, a1 on the frame's first axis (bonded to
+            a0), a2 in its first plane; a2 is bonded to ``root_bond`` (a0 or a1) and makes
+            its angle with the other.
+        root_bond: a0 or a1, the atom a2 is bonded to.
+        cartesian: atoms placed by their coordinates in the root frame (ring atoms).
+        rows: ``(i, j, k, l)`` per other atom, in placement order: bond ``i-j``, angle
+            ``i-j-k``, torsion ``i-j-k-l``.
+    """
+
+    n_atoms: int
+    root: tuple[int, int, int]
+    root_bond: int
+    cartesian: tuple[int, ...] = ()
+    rows: tuple[tuple[int, int, int, int], ...] = ()
+
+    def __post_init__(self):  # JSON gives lists
+        object.__setattr__(self, "root", tuple(int(a) for a in self.root))
+        object.__setattr__(self, "cartesian", tuple(int(a) for a in self.cartesian))
+        object.__setattr__(self, "rows", tuple(tuple(int(a) for a in r) for r in self.rows))
+        a0, a1, a2 = self.root
+        if self.root_bond not in (a0, a1):
+            raise ValueError(f"root_bond must be a0 or a1 of root {self.root}")
+        order = self.order
+        if sorted(order) != list(range(self.n_atoms)):
+            raise ValueError(f"a Z-matrix must place each of the {self.n_atoms} atoms once, "
+                             f"got the order {order}")  # fmt: skip
+        placed = set(self.root) | set(self.cartesian)
+        for i, j, k, l in self.rows:
+            if len({i, j, k, l}) != 4 or not {j, k, l} <= placed:
+                raise ValueError(f"row {(i, j, k, l)}: j, k, l must be distinct atoms placed "
+                                 "before i")  # fmt: skip
+            placed.add(i)
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """The atoms in placement order."""
+        return (*self.root, *self.cartesian, *(r[0] for r in self.rows))
+
+    @property
+    def n_internal(self) -> int:
+        """3 n - 6: the coordinates besides the frame's orientation."""
+        return 3 + 3 * len(self.cartesian) + 3 * len(self.rows)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def describe(self, symbols: list[str] | None = None) -> str:
+        """The Z-matrix as lines of text (atoms as ``C3`` with ``symbols``, else ``3``)."""
+        name = (lambda a: f"{symbols[a]}{a}") if symbols else str
+        a0, a1, a2 = self.root
+        other = a1 if self.root_bond == a0 else a0
+        lines = [f"Z-matrix of {self.n_atoms} atoms (bond, angle, torsion references):",
+                 f"  {name(a0)}: origin", f"  {name(a1)}: bond {name(a0)}",
+                 f"  {name(a2)}: bond {name(self.root_bond)}, angle {name(other)}"]  # fmt: skip
+        if self.cartesian:
+            lines.append("  ring atoms in the frame of the first three (x, y, z): "
+                         + " ".join(name(a) for a in self.cartesian))  # fmt: skip
+        lines += [f"  {name(i)}: bond {name(j)}, angle {name(k)}, torsion {name(l)}"
+                  for i, j, k, l in self.rows]  # fmt: skip
+        return "\n".join(lines)
+
+
+def _adjacency(n: int, bonds) -> list[list[int]]:
+    adj: list[list[int]] = [[] for _ in range(n)]
+    for i, j in bonds:
+        i, j = int(i), int(j)
+        if not (0 <= i < n and 0 <= j < n) or i == j:
+            raise ValueError(f"bond {(i, j)} is not a pair of distinct atoms in 0..{n - 1}")
+        if j not in adj[i]:
+            adj[i].append(j)
+            adj[j].append(i)
+    return adj
+
+
+def _distances(adj: list[list[int]], source: int) -> list[int]:
+    """Graph distances from ``source`` (-1: unreachable)."""
+    dist = [-1] * len(adj)
+    dist[source] = 0
+    queue = deque([source])
+    while queue:
+        a = queue.popleft()
+        for b in adj[a]:
+            if dist[b] < 0:
+                dist[b] = dist[a] + 1
+                queue.append(b)
+    return dist
+
+
+def ring_atoms(n: int, bonds) -> set[int]:
+    """The atoms that lie on a cycle of the bond graph (both ends of every non-bridge bond)."""
+    adj = _adjacency(n, bonds)
+    out: set[int] = set()
+    for i in range(n):
+        for j in adj[i]:
+            if i < j:  # is (i, j) a bridge? i and j stay connected without it
+                seen, stack = {i}, [i]
+                while stack:
+                    a = stack.pop()
+                    for b in adj[a]:
+                        if b not in seen and (a, b) != (i, j):
+                            seen.add(b)
+                            stack.append(b)
+                if j in seen:
+                    out |= {i, j}
+    return out
+
+
+def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = True) -> ZMatrix:
+    """The Z-matrix of a connected molecule of ``n >= 3`` atoms (rules in the module doc).
+
+    Args:
+        n: number of atoms.
+        bonds: ``(B, 2)`` bonded atom pairs.
+        atomic_numbers: ``(n,)``; atoms with 1 are hydrogens (placed after heavy atoms, and
+            references only where no heavy atom is as near). None: all heavy.
+        cartesian_rings: place ring atoms as a Cartesian block in the root frame (the
+            default); False: ring atoms get Z-matrix rows too (ring-closing bonds implicit).
+
+    Raises:
+        ValueError: fewer than 3 atoms, a bond out of range, or a disconnected graph.
+    """
+    if n < 3:
+        raise ValueError(f"internal coordinates need at least 3 atoms, got {n}")
+    adj = _adjacency(n, bonds)
+    Z = [6] * n if atomic_numbers is None else [int(z) for z in atomic_numbers]
+    if len(Z) != n:
+        raise ValueError(f"atomic_numbers must have {n} entries, got {len(Z)}")
+    heavy = [z != 1 for z in Z]
+    dist = [_distances(adj, a) for a in range(n)]
+    if min(dist[0]) < 0:
+        lost = [a for a in range(n) if dist[0][a] < 0]
+        raise ValueError(f"the bond graph is not connected: atoms {lost} are not reachable "
+                         "from atom 0 (one molecule per cloud)")  # fmt: skip
+    rings = ring_atoms(n, bonds) if cartesian_rings else set()
+    prefer = lambda a: (not heavy[a], a)  # heavy first, then by index
+
+    # the root: in a ring if there is one, else the most central heavy atom
+    pool = sorted(rings) if rings else [a for a in range(n) if heavy[a]] or list(range(n))
+    a0 = min(pool, key=lambda a: (max(dist[a]), -len(adj[a]), a))
+    near0 = sorted(adj[a0], key=lambda b: (b not in rings, *prefer(b)))
+    a1 = near0[0]
+    if len(near0) > 1:
+        a2, root_bond = near0[1], a0
+    else:  # a0 has one neighbour: a2 hangs off a1
+        a2 = sorted((b for b in adj[a1] if b != a0), key=lambda b: (b not in rings, *prefer(b)))
+        if not a2:
+            raise ValueError("internal coordinates need a chain of three bonded atoms")
+        a2, root_bond = a2[0], a1
+    placed = [a0, a1, a2]
+    cartesian: list[int] = []
+    parent: dict[int, int] = {}
+    # breadth-first from the root: ring atoms join the Cartesian block as they are reached
+    queue = deque(placed)
+    seen = set(placed)
+    order: list[int] = []
+    while queue:
+        a = queue.popleft()
+        for b in sorted(adj[a], key=prefer):
+            if b not in seen:
+                seen.add(b)
+                parent[b] = a
+                queue.append(b)
+                order.append(b)
+    cartesian = [b for b in order if b in rings]
+    rest = [b for b in order if b not in rings]
+    placed += cartesian
+    rows, used = [], set()
+    for i in rest:
+        j = parent[i]
+        k = _nearest(j, [a for a in placed if a != j], dist, prefer)
+        candidates = sorted((a for a in placed if a not in (j, k)),
+                            key=lambda a: (dist[k][a], *prefer(a)))  # fmt: skip
+        # a sibling (placed, bonded to j) in placement order, if the natural choice is taken
+        siblings = [a for a in placed if a in adj[j] and a != k]
+        for l in [candidates[0], *siblings, *candidates[1:]]:
+            if (j, k, l) not in used:
+                break
+        used.add((j, k, l))
+        rows.append((i, j, k, l))
+        placed.append(i)
+    return ZMatrix(n, (a0, a1, a2), root_bond, tuple(cartesian), tuple(rows))
+
+
+def _nearest(j: int, pool: list[int], dist: list[list[int]], prefer) -> int:
+    return min(pool, key=lambda a: (dist[j][a], *prefer(a)))
