@@ -2,7 +2,8 @@
 
 Points of Gr(k, D) are orthonormal representatives ``Y: (..., D, k)``; every ``log_prob`` is a
 density with respect to the Riemannian volume of Gr(k, D) under the metric ``tr(xi^T eta)``.
-The shape model for point clouds is `ShapeFlow`, one E(n)-equivariant flow on the cloud.
+The shape model for point clouds is `ShapeFlow`, one E(n)-equivariant flow on the cloud; a
+molecule with a bond graph also has `InternalFlow`, in bonds, angles and torsions.
 """
 
 import os as _os
@@ -15,7 +16,7 @@ if "torch" not in _sys.modules:
 
 from ._malloc import configure as _configure_malloc
 from .distributions import MatrixGaussianPrior, UniformGrassmann
-from .flows import GrCNF, ShapeFlow, ShapeFlowConfig
+from .flows import GrCNF, InternalFlow, InternalFlowConfig, ShapeFlow, ShapeFlowConfig
 from .manifolds import Grassmann
 from .nn import GrassmannField, Potential
 from .ode import odeint_grassmann
@@ -24,6 +25,8 @@ __all__ = [
     "GrCNF",
     "Grassmann",
     "GrassmannField",
+    "InternalFlow",
+    "InternalFlowConfig",
     "MatrixGaussianPrior",
     "Potential",
     "ShapeFlow",

@@ -123,8 +123,8 @@ def cmd_train(args) -> None:
         exp = shapes.run(_shape_experiment(args), args.run_dir, resume=args.resume,
                          progress=not args.no_progress, final_eval=not args.no_eval,
                          setup=setup)  # fmt: skip
-        print(f"trained an equivariant CNF ({exp.model}) of {exp.n_points} points in "
-              f"{exp.dim}-D in {args.run_dir}")
+        print(f"trained {shapes.model_name(exp)} of {exp.n_points} points in {exp.dim}-D in "
+              f"{args.run_dir}")
         if args.no_eval:
             print(f"`grassflow eval {args.run_dir}` for the test NLL")
         return
@@ -271,10 +271,11 @@ def add_commands(sub) -> None:
     g.add_argument("--no-eval", action="store_true",
                    help="skip the final test evaluation (by default it runs within --minutes, "
                         "announced with its estimated cost)")  # fmt: skip
-    g.add_argument("--geometry", default="cartesian", choices=("cartesian", "grassmann"),
-                   help="of the flow-matching paths: straight lines between aligned clouds "
-                        "(default, the measured winner: docs/experiments/shapes.md) or the "
-                        "Grassmann bundle (span and in-span metric on their own geodesics)")
+    g.add_argument("--geometry", choices=("internal", "cartesian", "grassmann"),
+                   help="internal: InternalFlow, a spline flow in bonds, angles and torsions "
+                        "(the default for a molecule with a bond graph); cartesian: ShapeFlow "
+                        "on straight flow-matching paths (the default otherwise) or grassmann: "
+                        "on the Grassmann bundle's; docs/experiments/shapes.md")
     g.add_argument("--model", default="equivariant-cnf", choices=("equivariant-cnf",),
                    help="the shape model: equivariant-cnf (the only one), an EGNN velocity "
                         "field on the CoM-free cloud trained by flow matching; the two-part "

@@ -15,11 +15,28 @@ The pieces, each an exact bijection with its log-determinant:
    ``logit(((phi - c) mod 2 pi) / 2 pi)``. The torus minus one point per torsion (measure
    zero) maps onto R, so the density over (bonds, angles) x torus stays exactly normalized,
    and a torsion's modes never straddle the cut.
-3. Whitening ``u -> L^{-1}(u - mu)``, fitted to the training data (`fit_normalization`): full
-   covariance over bonds, angles and the ring block (their correlations close rings),
-   per-coordinate scales for torsions.
-4. A rational-quadratic neural spline flow (zuko's ``NSF``, autoregressive by default) from
-   a standard normal: one pass gives the exact log-density; sampling inverts it.
+3. Whitening ``u -> L^{-1}(u - mu)``, fitted to the training data (`fit_normalization`): the
+   full covariance (the ring block's correlations close rings; the torsions' take the
+   linear part of their couplings).
+4. Geminal hydrogens (`ZMatrix.swaps`, e.g. the three of a methyl): their labels can swap
+   without changing the molecule, and data from several embeddings hold both orders, so
+   the sign of the second hydrogen's torsion about the first is a coin flip. The model
+   ``p(x) = 2^{-s} p_c(c(x))`` symmetrizes over the s swaps: ``c`` swaps each pair whose
+   second torsion is negative, and ``p_c`` takes that torsion in ``(0, pi)`` (step 2 with
+   ``logit(phi / pi)``), so it lives on the canonical half only. Each half of a swap maps
+   onto the other with volume 1, so p integrates to one; sampling draws from ``p_c`` and
+   swaps each pair with probability 1/2. Without this, a flow leaks mass between the two
+   signs, and the hydrogens land on each other.
+   The mirror image (``mirror_row``): for a molecule without a hand (no stereo centre) the
+   same holds for x and -x, whose torsions are negated (the force field cannot tell them
+   apart either); labelled conformers again come in both "hands" (is the OH of
+   cyclohexanol above or below the ring read from C2 to C6?). With ``mirror_row``, the
+   torsion of that Z-matrix row (an improper one, far from 0 and pi in the data: see
+   `choose_mirror_row`) also lives in ``(0, pi)``, c reflects x where it is negative, and
+   the model symmetrizes over the reflection as well.
+5. A rational-quadratic neural spline flow (zuko's ``NSF``, autoregressive by default) from
+   a Gaussian mixture fitted to the whitened data: one pass gives the exact log-density;
+   sampling inverts it.
 
 A bond is then one coordinate with its own small spread, so a broken bond is nearly
 impossible, which a Cartesian field has to learn to 1 %.
@@ -48,7 +65,7 @@ from torch import Tensor, nn
 from ..manifolds.internal import LOG_SO3_VOLUME, InternalCoordinates, random_rotation
 from ..manifolds.zmatrix import ZMatrix, build_zmatrix
 
-__all__ = ["InternalFlow", "InternalFlowConfig"]
+__all__ = ["InternalFlow", "InternalFlowConfig", "choose_mirror_row"]
 
 TWO_PI = 2 * math.pi
 TINY = 1e-9  # keeps logits finite at the ends of (0, 1)
@@ -78,8 +95,13 @@ class InternalFlowConfig:
             widths, and the spline's bins.
         passes: None (autoregressive: one pass for the density, 3n - 6 to sample) or 2
             (coupling: two for both).
+        components: of the Gaussian mixture the flow starts from (fitted by k-means to the
+            whitened training data): separate modes (two chairs of a ring, rotamers) need
+            no mass between them, which a flow from one Gaussian leaks.
         zmatrix: the `ZMatrix` as a dict; None: built from the bond graph (`build_zmatrix`).
         dim: 3 (molecules in space; the field is there so that the contract reads alike).
+        mirror_row: index of the Z-matrix row whose torsion's sign the model symmetrizes
+            over by reflection (an achiral molecule, `choose_mirror_row`); None: none.
     """
 
     n_points: int
@@ -92,6 +114,8 @@ class InternalFlowConfig:
     passes: int | None = None
     zmatrix: dict | None = None
     dim: int = 3
+    mirror_row: int | None = None
+    components: int = 8
 
     def __post_init__(self):
         object.__setattr__(self, "bonds", tuple((int(i), int(j)) for i, j in self.bonds))
@@ -146,12 +170,27 @@ class InternalFlow(nn.Module):
         self.chunk_size = 1024  # molecules per likelihood call in `evaluate`
         self.ic = InternalCoordinates(ZMatrix(**config.zmatrix))
         m = self.ic.dim
-        self.flow = _zuko().flows.NSF(m, transforms=config.transforms, bins=config.bins,
-                                      hidden_features=config.hidden, passes=config.passes)
+        zuko = _zuko()
+        nsf = zuko.flows.NSF(m, transforms=config.transforms, bins=config.bins,
+                             hidden_features=config.hidden, passes=config.passes)
+        self.flow = zuko.flows.Flow(nsf.transform, zuko.flows.GMM(m, components=config.components))
+        self.n_swaps = len(self.ic.zmatrix.swaps)
         self.register_buffer("loc", torch.zeros(m, dtype=torch.float64))
         self.register_buffer("scale_tril", torch.eye(m, dtype=torch.float64))
         self.register_buffer("cut", torch.full((self.ic.n_torsions,), math.pi,
                                                dtype=torch.float64))  # fmt: skip
+        zm = self.ic.zmatrix
+        row = {r[0]: m for m, r in enumerate(zm.rows)}
+        half = torch.zeros(self.ic.n_torsions, dtype=torch.bool)
+        half[[row[b] for _, b in zm.swaps]] = True
+        if config.mirror_row is not None:
+            half[config.mirror_row] = True
+        self.n_mirror = int(config.mirror_row is not None)
+        self.register_buffer("half_turn", half, persistent=False)  # torsions in (0, pi)
+        self.register_buffer("swap_rows", torch.tensor([row[b] for _, b in zm.swaps],
+                                                       dtype=torch.long), persistent=False)
+        self.register_buffer("swap_pairs", torch.tensor(zm.swaps, dtype=torch.long).reshape(
+            -1, 2), persistent=False)  # fmt: skip
         self.last_stats: dict = {}
 
     @property
@@ -203,10 +242,12 @@ class InternalFlow(nn.Module):
         ``log |du/dq|: (B,)`` (step 2 of the module doc)."""
         bonds, theta, phi, block = self.ic.split(q)
         s_theta = (theta / math.pi).clamp(TINY, 1 - TINY)
-        s_phi = (torch.remainder(phi - self.cut, TWO_PI) / TWO_PI).clamp(TINY, 1 - TINY)
+        s_phi = torch.where(self.half_turn, phi / math.pi,
+                            torch.remainder(phi - self.cut, TWO_PI) / TWO_PI).clamp(TINY, 1 - TINY)
         s = torch.cat([s_theta, s_phi], -1)
         u = torch.cat([bonds.log(), torch.logit(s), block], -1)
-        scale = torch.cat([torch.full_like(s_theta, math.pi), torch.full_like(s_phi, TWO_PI)], -1)
+        span = torch.where(self.half_turn, math.pi, TWO_PI).to(s_phi).expand_as(s_phi)
+        scale = torch.cat([torch.full_like(s_theta, math.pi), span], -1)
         ladj = -bonds.log().sum(-1) - (scale * s * (1 - s)).log().sum(-1)
         return u, ladj
 
@@ -214,7 +255,8 @@ class InternalFlow(nn.Module):
         """The internal coordinates q of ``u`` (the inverse of `unbounded`)."""
         nb, na, nt = self.ic.n_bonds, self.ic.n_angles, self.ic.n_torsions
         log_b, a, t, block = u.split([nb, na, nt, self.ic.n_block], -1)
-        phi = torch.remainder(self.cut + TWO_PI * torch.sigmoid(t) + math.pi, TWO_PI) - math.pi
+        phi = torch.where(self.half_turn, math.pi * torch.sigmoid(t), torch.remainder(
+            self.cut + TWO_PI * torch.sigmoid(t) + math.pi, TWO_PI) - math.pi)  # fmt: skip
         return torch.cat([log_b.exp(), math.pi * torch.sigmoid(a), phi, block], -1)
 
     def whiten(self, u: Tensor) -> Tensor:
@@ -232,7 +274,7 @@ class InternalFlow(nn.Module):
             raise ValueError(f"P must be (N, {self.n_points}, 3) molecules")
         P = P.to(self.loc)
         self.ic.check_angles(P)
-        q = self.ic(P)[1]
+        q = self.ic(self.canonical(P))[1]
         phi = self.ic.split(q)[2]
         width = TWO_PI / CUT_BINS
         bins = ((phi + math.pi) / width).long().clamp(0, CUT_BINS - 1)
@@ -243,15 +285,53 @@ class InternalFlow(nn.Module):
         u = self.unbounded(q)[0]
         self.loc.copy_(u.mean(0))
         cov = torch.cov(u.T).reshape(u.shape[1], u.shape[1])
-        nb, na, nt = self.ic.n_bonds, self.ic.n_angles, self.ic.n_torsions
-        tors = torch.zeros(u.shape[1], dtype=torch.bool, device=u.device)
-        tors[nb + na: nb + na + nt] = True
-        keep = (~tors[:, None] & ~tors[None, :]) | torch.eye(len(tors), dtype=torch.bool,
-                                                             device=u.device)  # fmt: skip
-        cov = torch.where(keep, cov, torch.zeros_like(cov))
         cov = cov + 1e-8 * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype,
                                                               device=cov.device)  # fmt: skip
         self.scale_tril.copy_(torch.linalg.cholesky(cov))
+        self._init_mixture(self.whiten(u))
+
+    @torch.no_grad()
+    def _init_mixture(self, w: Tensor, iterations: int = 20) -> None:
+        """The base mixture from k-means (Lloyd, seeded with evenly spaced points) of the
+        whitened training data ``w: (N, m)``: weights, means and per-coordinate spreads of
+        the clusters (floored, so a small cluster stays a proper Gaussian)."""
+        logits, loc, diag, tril = self.flow.base.phi
+        K = len(logits)
+        centers = w[torch.linspace(0, len(w) - 1, K).long()].clone()
+        for _ in range(iterations):
+            match = torch.cdist(w, centers).argmin(-1)
+            for c in range(K):
+                if (match == c).any():
+                    centers[c] = w[match == c].mean(0)
+        counts = torch.bincount(match, minlength=K).to(w)
+        spread = torch.stack([w[match == c].std(0) if counts[c] > 1 else torch.ones_like(w[0])
+                              for c in range(K)]).nan_to_num(1.0).clamp(0.05, 1.0)  # fmt: skip
+        logits.copy_((counts + 1).log())
+        loc.copy_(centers)
+        diag.copy_(spread.log())
+        tril.zero_()
+
+    def _swapped(self, P: Tensor, swap: Tensor) -> Tensor:
+        """``P: (B, n, 3)`` with the labels of each pair of `ZMatrix.swaps` exchanged where
+        ``swap: (B, s)`` is True."""
+        index = torch.arange(self.n_points, device=P.device).expand(P.shape[0], -1).clone()
+        a, b = self.swap_pairs[:, 0], self.swap_pairs[:, 1]
+        index[:, a] = torch.where(swap, b, a)
+        index[:, b] = torch.where(swap, a, b)
+        return P.gather(1, index[..., None].expand(-1, -1, 3))
+
+    def canonical(self, P: Tensor) -> Tensor:
+        """``P: (B, n, 3)`` with each geminal pair ordered so that the second hydrogen's
+        torsion about the first is positive (the half where ``p_c`` lives)."""
+        if self.n_mirror:
+            with torch.no_grad():
+                phi = self.ic.split(self.ic(P)[1])[2][:, self.config.mirror_row]
+            P = torch.where((phi < 0)[:, None, None], -P, P)
+        if not self.n_swaps:
+            return P
+        with torch.no_grad():
+            phi = self.ic.split(self.ic(P)[1])[2][:, self.swap_rows]
+        return self._swapped(P, phi < 0)
 
     # ------------------------------------------------------------ densities
     def _log_prob_q(self, q: Tensor) -> Tensor:
@@ -267,8 +347,9 @@ class InternalFlow(nn.Module):
         if labels is not None:
             raise ValueError("InternalFlow models one molecule: pass labels=None")
         self._check(P)
-        q = self.ic(P)[1]
-        return self._log_prob_q(q) - LOG_SO3_VOLUME - self.ic.log_volume(q)
+        q = self.ic(self.canonical(P))[1]
+        return (self._log_prob_q(q) - LOG_SO3_VOLUME - self.ic.log_volume(q)
+                - (self.n_swaps + self.n_mirror) * math.log(2.0))  # fmt: skip
 
     def forward(self, P: Tensor, labels: Tensor | None = None) -> Tensor:
         """Alias of `log_prob`."""
@@ -278,8 +359,12 @@ class InternalFlow(nn.Module):
     def _sample_q(self, m: int, generator: torch.Generator | None) -> Tensor:
         if not isinstance(m, int) or isinstance(m, bool) or m < 1:
             raise ValueError(f"number of samples must be an integer >= 1, got {m!r}")
-        eps = torch.randn(m, self.ic.dim, dtype=self.dtype, generator=generator).to(self.device)
-        w = self.flow().transform.inv(eps)
+        flow = self.flow()
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            torch.manual_seed(seed)
+            eps = flow.base.sample((m,))
+        w = flow.transform.inv(eps)
         u = self.loc + (self.scale_tril @ w[..., None])[..., 0]
         return self.bounded(u)
 
@@ -291,9 +376,7 @@ class InternalFlow(nn.Module):
         if labels is not None:
             raise ValueError("InternalFlow models one molecule: pass labels=None")
         with torch.no_grad():
-            q = self._sample_q(m, generator)
-            R = random_rotation(m, self.dtype, self.device, generator)
-            X = self.ic.inverse(R, q)
+            X = self.sample(m, generator)
             return X, self.log_prob(X)
 
     def sample(self, m: int, generator: torch.Generator | None = None,
@@ -303,4 +386,31 @@ class InternalFlow(nn.Module):
             raise ValueError("InternalFlow models one molecule: pass labels=None")
         with torch.no_grad():
             q = self._sample_q(m, generator)
-            return self.ic.inverse(random_rotation(m, self.dtype, self.device, generator), q)
+            X = self.ic.inverse(random_rotation(m, self.dtype, self.device, generator), q)
+            coins = (torch.rand(m, self.n_swaps + 1, generator=generator) < 0.5).to(self.device)
+            if self.n_mirror:
+                X = torch.where(coins[:, -1, None, None], -X, X)
+            return self._swapped(X, coins[:, :-1])
+
+
+def choose_mirror_row(zmatrix: ZMatrix, P: Tensor, labels=None, margin_deg: float = 15.0,
+                      least: float = 0.05) -> int | None:  # fmt: skip
+    """The Z-matrix row whose torsion best tells the two "hands" of labelled conformers of a
+    molecule without one, for `InternalFlowConfig.mirror_row`: among rows of heavy atoms
+    (``labels`` != 1; all if None), those whose torsion stays ``margin_deg`` away from 0 and
+    180 degrees in ``P: (N, n, 3)`` with each sign in at least ``least`` of them, the most
+    balanced; None if no row qualifies. Call it only for a molecule without a hand
+    (`grassflow.data.molecule_files.find_hand` finds none): a chiral one keeps its hand."""
+    ic = InternalCoordinates(zmatrix).to(torch.as_tensor(P).dtype)
+    phi = torch.rad2deg(ic.split(ic(torch.as_tensor(P))[1])[2])
+    heavy = (lambda a: True) if labels is None else (lambda a: int(labels[a]) != 1)
+    best, best_gap = None, math.inf
+    for m, row in enumerate(zmatrix.rows):
+        f = phi[:, m]
+        if not all(heavy(a) for a in row) or not (
+                (f.abs() > margin_deg) & (f.abs() < 180 - margin_deg)).all():  # fmt: skip
+            continue
+        positive = (f > 0).double().mean().item()
+        if least <= positive <= 1 - least and abs(positive - 0.5) < best_gap:
+            best, best_gap = m, abs(positive - 0.5)
+    return best

@@ -9,15 +9,27 @@ with ``j, k, l`` placed before it. `build_zmatrix` chooses them by these rules:
 * ``j`` is a bonded atom placed before ``i`` (its breadth-first parent); ``k`` and ``l`` are
   the placed atoms nearest in the graph (``k`` to ``j``, ``l`` to ``k``), heavy atoms first;
 * no two atoms share the same ``(j, k, l)``: two hydrogens on one carbon placed by the same
-  three atoms would each get an independent torsion, and could land on each other. The
-  second one takes the first one as its torsion reference instead (``l`` = a sibling), so
-  that its torsion is the stiff ~120° between the two.
+  three atoms would each get an independent torsion, and could land on each other. Every
+  hydrogen on an atom after the first takes the previous one as its torsion reference
+  (``l`` = a sibling), so that its torsion is the stiff ~120° between the two.
+
+Geminal hydrogens (``swaps``): swapping the labels of two hydrogens on one atom is a
+symmetry of the molecule (the energy cannot tell), but conformers generated from different
+embeddings come with either order, so the sign of the second hydrogen's torsion about its
+first is a coin flip in the data, shared by a third hydrogen's: a joint that a flow learns
+badly (it leaks mass between the signs, and the hydrogens land on each other). Each pair
+``(a, b)`` of `ZMatrix.swaps` is the first two hydrogens on an atom, with b's row
+``(b, j, k, a)``; a model may take b's torsion in ``(0, pi)`` and symmetrize over the swaps
+(`grassflow.flows.InternalFlow`).
 
 Rings (``cartesian_rings=True``, the default): a ring-closing bond is not a coordinate of
 any Z-matrix, so small errors in the ring's angles and torsions would add up around the
 ring and break it. The atoms of every ring are instead placed as one Cartesian block, by
 their coordinates in the frame of the three root atoms (which lie in a ring), as in
-bgflow's mixed coordinates; every other atom hangs off them by a Z-matrix row.
+bgflow's mixed coordinates; every other atom hangs off them by a Z-matrix row. An atom
+bonded to a ring atom j takes j's other ring neighbour as its torsion reference: its
+torsion then says on which side of the ring it sits (an improper torsion of about ±120°),
+not how the ring puckers.
 
 References:
     Köhler, Krämer, Noé (bgflow): mixed internal/Cartesian coordinates of Boltzmann
@@ -46,6 +58,8 @@ class ZMatrix:
         cartesian: atoms placed by their coordinates in the root frame (ring atoms).
         rows: ``(i, j, k, l)`` per other atom, in placement order: bond ``i-j``, angle
             ``i-j-k``, torsion ``i-j-k-l``.
+        swaps: ``(a, b)`` per atom with two or more hydrogens (see the module doc): b's row
+            is ``(b, j, k, a)``.
     """
 
     n_atoms: int
@@ -53,11 +67,13 @@ class ZMatrix:
     root_bond: int
     cartesian: tuple[int, ...] = ()
     rows: tuple[tuple[int, int, int, int], ...] = ()
+    swaps: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):  # JSON gives lists
         object.__setattr__(self, "root", tuple(int(a) for a in self.root))
         object.__setattr__(self, "cartesian", tuple(int(a) for a in self.cartesian))
         object.__setattr__(self, "rows", tuple(tuple(int(a) for a in r) for r in self.rows))
+        object.__setattr__(self, "swaps", tuple((int(a), int(b)) for a, b in self.swaps))
         a0, a1, a2 = self.root
         if self.root_bond not in (a0, a1):
             raise ValueError(f"root_bond must be a0 or a1 of root {self.root}")
@@ -71,6 +87,10 @@ class ZMatrix:
                 raise ValueError(f"row {(i, j, k, l)}: j, k, l must be distinct atoms placed "
                                  "before i")  # fmt: skip
             placed.add(i)
+        row_of = {r[0]: r for r in self.rows}
+        for a, b in self.swaps:
+            if b not in row_of or row_of[b][3] != a:
+                raise ValueError(f"swap {(a, b)}: b must have a row with torsion reference a")
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -96,7 +116,9 @@ class ZMatrix:
         if self.cartesian:
             lines.append("  ring atoms in the frame of the first three (x, y, z): "
                          + " ".join(name(a) for a in self.cartesian))  # fmt: skip
+        half = {b for _, b in self.swaps}
         lines += [f"  {name(i)}: bond {name(j)}, angle {name(k)}, torsion {name(l)}"
+                  + (" (in (0, 180): geminal pair, symmetrized)" if i in half else "")
                   for i, j, k, l in self.rows]  # fmt: skip
         return "\n".join(lines)
 
@@ -146,7 +168,8 @@ def ring_atoms(n: int, bonds) -> set[int]:
     return out
 
 
-def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = True) -> ZMatrix:
+def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = True,
+                  swaps: bool = True) -> ZMatrix:  # fmt: skip
     """The Z-matrix of a connected molecule of ``n >= 3`` atoms (rules in the module doc).
 
     Args:
@@ -156,6 +179,7 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Tr
             references only where no heavy atom is as near). None: all heavy.
         cartesian_rings: place ring atoms as a Cartesian block in the root frame (the
             default); False: ring atoms get Z-matrix rows too (ring-closing bonds implicit).
+        swaps: list the geminal hydrogen pairs (`ZMatrix.swaps`); False: none.
 
     Raises:
         ValueError: fewer than 3 atoms, a bond out of range, or a disconnected graph.
@@ -205,7 +229,8 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Tr
     cartesian = [b for b in order if b in rings]
     rest = [b for b in order if b not in rings]
     placed += cartesian
-    rows, used = [], set()
+    rows, used, pairs = [], set(), []
+    hydrogens: dict[int, list[int]] = {}  # placed hydrogens (in rows) per atom
     for i in rest:
         j = parent[i]
         k = _nearest(j, [a for a in placed if a != j], dist, prefer)
@@ -213,13 +238,19 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Tr
                             key=lambda a: (dist[k][a], *prefer(a)))  # fmt: skip
         # a sibling (placed, bonded to j) in placement order, if the natural choice is taken
         siblings = [a for a in placed if a in adj[j] and a != k]
-        for l in [candidates[0], *siblings, *candidates[1:]]:
+        before = hydrogens.get(j, []) if not heavy[i] and len(adj[i]) == 1 else []
+        ring = [a for a in placed if a in rings and a in adj[j] and a != k] if j in rings else []
+        for l in [*before[-1:], *ring[:1], candidates[0], *siblings, *candidates[1:]]:
             if (j, k, l) not in used:
                 break
+        if len(before) == 1 and l == before[0] and swaps:
+            pairs.append((l, i))
+        if not heavy[i] and len(adj[i]) == 1:
+            hydrogens.setdefault(j, []).append(i)
         used.add((j, k, l))
         rows.append((i, j, k, l))
         placed.append(i)
-    return ZMatrix(n, (a0, a1, a2), root_bond, tuple(cartesian), tuple(rows))
+    return ZMatrix(n, (a0, a1, a2), root_bond, tuple(cartesian), tuple(rows), tuple(pairs))
 
 
 def _nearest(j: int, pool: list[int], dist: list[list[int]], prefer) -> int:

@@ -36,10 +36,17 @@ import torch
 
 from ..data.molecule_files import find_hand, molblock_charges, write_sdf
 from ..data.point_clouds import element_symbol, labels_path, load_point_clouds, save_clouds
-from ..flows import ShapeFlow, ShapeFlowConfig
+from ..flows import InternalFlow, InternalFlowConfig, ShapeFlow, ShapeFlowConfig
 from ..manifolds.shape_paths import GEOMETRIES
 from ..metrics import histogram, jsd
-from ..training import CFM_COUPLINGS, TrainConfig, checkpoint_path, fit_shape_flow, load_shape_flow
+from ..training import (
+    CFM_COUPLINGS,
+    TrainConfig,
+    checkpoint_path,
+    fit_internal_flow,
+    fit_shape_flow,
+    load_shape_flow,
+)
 from ..training.checkpoint import write_json
 from ..training.clock import Stopwatch
 from ..training.progress import Progress, minutes, progress_line
@@ -63,7 +70,8 @@ REMOVED_MODELS = {"shapeflow": "3531f93"}
 two-part ShapeFlow (GrCNF on the spans + Gram density), removed in issue 34."""
 # preset fields added after runs were made: the value those runs had without saying so
 # (a preset without ``model`` is a two-part ShapeFlow run's)
-ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot", "geometry": "cartesian"}
+ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot", "geometry": "cartesian",
+                "ring_block": True}
 # preset fields of the removed two-part model: a baseline run's saved values of them are ignored
 REMOVED_FIELDS = ("potential", "prior", "objective", "gram", "gram_density", "gram_components")
 
@@ -71,10 +79,18 @@ REMOVED_FIELDS = ("potential", "prior", "objective", "gram", "gram_density", "gr
 MOLBLOCK = "molecule.mol"
 """The data's molblock in a run directory (charges and all, for the sampled SDF)."""
 
-SAMPLE_COST = {"equivariant-cnf": 0.1}
-"""Bounds of the CPU cost of drawing a cloud relative to scoring one exactly, by model; the
-final evaluation's share of a budget rests on them. Measured on 12-point clouds, one
-thread: 1/85."""
+SHAPE_GEOMETRIES = (*GEOMETRIES, "internal")
+"""Of ``ShapeExperiment.geometry``: `ShapeFlow`'s flow-matching geometries, and
+``"internal"``, the `InternalFlow` of a molecule with a bond graph."""
+
+SAMPLE_COST = {"cartesian": 0.1, "grassmann": 0.1, "internal": 2.0}
+"""Bounds of the CPU cost of drawing a cloud relative to scoring one exactly, by geometry;
+the final evaluation's share of a budget rests on them. Measured one thread: 1/85 for the
+ODE on 12-point clouds; about 0.5 for the internal-coordinate flow on 22 atoms (an
+autoregressive inverse, batched)."""
+
+INTERNAL_DEFAULTS = {"hidden": 64, "layers": 3}
+"""The internal-coordinate flow's conditioner width and spline transforms when not given."""
 
 
 def refuse_removed_model(model: str, run_dir: str | Path | None = None) -> None:
@@ -92,6 +108,18 @@ def refuse_removed_model(model: str, run_dir: str | Path | None = None) -> None:
         f"`grassflow train --data` now trains {MODELS[0]!r}, one flow on the whole cloud: "
         "train a new run with it"
     )
+
+
+def _internal_schedule(flow: TrainConfig) -> TrainConfig:
+    """``flow`` with `InternalFlow`'s validation schedule and regularization where it has
+    `_flow_config`'s values: its validation is one cheap pass, so it validates often (small
+    data sets overfit within minutes, and ``best.pt`` should catch the optimum)."""
+    preset, schedule = _flow_config(), ("val_every", "val_doubling_from", "val_every_minutes")
+    same = lambda keys: all(getattr(flow, k) == getattr(preset, k) for k in keys)
+    if same(schedule):  # a user's --val-every stands
+        flow = flow.replace(val_every=100, val_doubling_from=None, val_every_minutes=None)
+    internal = {"checkpoint_every": 1000, "weight_decay": 1e-4}
+    return flow.replace(**{k: v for k, v in internal.items() if same((k,))})
 
 
 def _flow_config() -> TrainConfig:
@@ -114,23 +142,33 @@ class ShapeExperiment:
             EFM model, `ShapeFlow` with the Cartesian geometry), trained by flow matching
             with ``coupling``. ``"shapeflow"``, the removed two-part model (and a saved
             preset without ``model``, which meant it), is refused: see `REMOVED_MODELS`.
-        geometry: of the flow-matching paths, ``"cartesian"`` (default: the measured
-            winner, issue 34) or ``"grassmann"`` (`ShapeFlowConfig`).
-        hidden, layers: its EGNN's width and message-passing layers (default
-            `ShapeFlowConfig`'s, 32 and 3).
+        geometry: ``"internal"``: the `InternalFlow` in bonds, angles and torsions (a
+            molecule's bond graph is needed); ``"cartesian"`` or ``"grassmann"``: `ShapeFlow`
+            trained on those flow-matching paths. None, the default, is resolved by `run`:
+            ``"internal"`` for a new run on data with a bond graph (the measured winner,
+            issue 41), ``"cartesian"`` otherwise (issue 34's winner); a continued run keeps
+            its own.
+        hidden, layers: `ShapeFlow`'s EGNN width and message-passing layers (default
+            `ShapeFlowConfig`'s, 32 and 3); `InternalFlow`'s conditioner width and spline
+            transforms (default `INTERNAL_DEFAULTS`).
         atol, rtol: ODE tolerances of every evaluation (validation, test NLL, sampling).
         chunk_size: clouds per exact-divergence solve (bounds the memory of evaluation).
         val_fraction, test_fraction, split_seed: the random split of the usable clouds: the
             fractions held out for validation (which picks the checkpoints) and for test
             (what ``grassflow eval`` scores), at least one cloud each, rounded; default 10 %
             each, seed 0 (``grassflow train --split VAL,TEST``). `run` prints the counts.
-        n_val_flow: validation clouds scored by the exact NLL at each validation.
+        n_val_flow: validation clouds scored by the exact NLL at each validation; None,
+            the default, is resolved by `run`: 50 for `ShapeFlow` (an ODE solve each), all
+            of them for `InternalFlow` (one pass).
         flow: the training configuration.
         n_points, dim, labels: read from the data (labels when every cloud has the same).
         efm_labels: embed ``labels`` (atom types) in the EGNN's node features. None, the
             default, is resolved by `run`: True for a new run, the saved value when
             continuing one; None in a saved preset (runs made before this
             option) means no labels, as those runs were trained.
+        ring_block: the internal geometry places ring atoms as one Cartesian block in the
+            root frame (default; rings stay closed); False leaves ring-closing bonds implicit
+            (an ablation: errors add up around the ring).
         bonds, bond_orders, smiles: the molecule's bond table ``((i, j), ...)``, its orders
             and SMILES, read from the data (None when it has none).
         use_bonds: give the model the bond graph (the field's edge features). None, the
@@ -156,20 +194,21 @@ class ShapeExperiment:
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     split_seed: int = 0
-    n_val_flow: int = 50
+    n_val_flow: int | None = None
     flow: TrainConfig = field(default_factory=_flow_config)
     n_points: int | None = None
     dim: int | None = None
     labels: tuple[int, ...] | None = None
     coupling: str = "equivariant-ot"
     efm_labels: bool | None = None
-    geometry: str = "cartesian"
+    geometry: str | None = None
     bonds: tuple[tuple[int, int], ...] | None = None
     bond_orders: tuple[float, ...] | None = None
     smiles: str | None = None
     use_bonds: bool | None = None
     harmonic_prior: bool | None = None
     hand: tuple[int, ...] | None = None
+    ring_block: bool = True
 
     def __post_init__(self):
         refuse_removed_model(self.model)
@@ -177,10 +216,22 @@ class ShapeExperiment:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.coupling not in CFM_COUPLINGS:
             raise ValueError(f"coupling must be one of {CFM_COUPLINGS}, got {self.coupling!r}")
-        if self.geometry not in GEOMETRIES:
-            raise ValueError(f"geometry must be one of {GEOMETRIES}, got {self.geometry!r}")
-        if self.layers is None:  # resolved, so that the saved preset says what was trained
+        if self.geometry not in (*SHAPE_GEOMETRIES, None):
+            raise ValueError(f"geometry must be one of {SHAPE_GEOMETRIES}, got "
+                             f"{self.geometry!r}")  # fmt: skip
+        # resolved, so that the saved preset says what was trained (ShapeFlow's hidden stays
+        # None, as runs before the internal geometry saved it)
+        if self.geometry == "internal":
+            self.layers = INTERNAL_DEFAULTS["layers"] if self.layers is None else self.layers
+            self.hidden = INTERNAL_DEFAULTS["hidden"] if self.hidden is None else self.hidden
+        elif self.geometry is not None and self.layers is None:
             self.layers = _DEFAULTS.layers
+        if self.geometry == "internal" and self.use_bonds is False:
+            raise ValueError("the internal geometry is built on the bond graph that --no-bonds "
+                             "drops")  # fmt: skip
+        if self.geometry == "internal" and self.n_points is not None and not self.bonds:
+            raise ValueError(f"the internal geometry needs a bond table, and {self.data} has "
+                             "none (an .sdf, or an .npz with 'bonds', carries one)")  # fmt: skip
         if not (0 < self.val_fraction < 1 and 0 < self.test_fraction < 1
                 and self.val_fraction + self.test_fraction < 1):  # fmt: skip
             raise ValueError(f"the split's val and test fractions must each be in (0, 1) with "
@@ -283,8 +334,13 @@ def _formula(labels) -> str:
                    for s in order)  # fmt: skip
 
 
-def build_model(exp: ShapeExperiment) -> ShapeFlow:
-    """The model of ``exp`` (``n_points`` and ``dim`` resolved), float64."""
+def build_model(exp: ShapeExperiment) -> ShapeFlow | InternalFlow:
+    """The model of ``exp`` (``n_points``, ``dim`` and ``geometry`` resolved), float64."""
+    if exp.geometry == "internal":
+        config = InternalFlowConfig(exp.n_points, exp.bonds, exp.labels, exp.ring_block,
+                                    hidden=(exp.hidden,) * 2, transforms=exp.layers)  # fmt: skip
+        with seeded_init(exp.flow.seed):
+            return InternalFlow.from_config(config).double()
     labels = None if exp.labels is None or not exp.efm_labels else exp.labels
     bonds = exp.bonds if exp.use_bonds else None
     config = ShapeFlowConfig(
@@ -345,15 +401,26 @@ def run(
         exp = dataclasses.replace(exp, efm_labels=old.get("efm_labels") if old else True)
     if exp.use_bonds is None:  # as the labels: a new run uses them, a continued one as trained
         exp = dataclasses.replace(exp, use_bonds=old.get("use_bonds") if old else True)
+    if exp.geometry is None:  # a new run on a molecule: internal coordinates
+        new = "internal" if exp.bonds and exp.use_bonds else "cartesian"
+        exp = dataclasses.replace(exp, geometry=old.get("geometry", "cartesian") if old else new)
+    internal = exp.geometry == "internal"
+    if internal and exp.harmonic_prior:
+        raise ValueError("--prior harmonic is ShapeFlow's (--geometry cartesian or grassmann); "
+                         "the internal geometry has no prior to choose")  # fmt: skip
     if exp.harmonic_prior is None:
-        new = bool(exp.bonds and exp.use_bonds)
+        new = bool(exp.bonds and exp.use_bonds) and not internal
         exp = dataclasses.replace(exp, harmonic_prior=old.get("harmonic_prior") if old else new)
+    if exp.n_val_flow is None:
+        exp = dataclasses.replace(exp, n_val_flow=len(splits["val"]) if internal else 50)
+    if internal:
+        exp.flow = _internal_schedule(exp.flow)
     if old:
         exp = dataclasses.replace(exp, hand=old.get("hand"))
         trained = old.get("flow", {}).get("dtype", "float64")
         if exp.flow.dtype == _flow_config().dtype:  # the preset's: a run continues as trained
             exp.flow = exp.flow.replace(dtype=trained)
-    elif exp.bonds and exp.use_bonds:
+    elif exp.bonds and exp.use_bonds and not internal:  # internal coordinates carry the hand
         exp = dataclasses.replace(exp, hand=find_hand(splits["train"].numpy(), exp.bonds))
     if exp.hand is not None:
         print(f"hand: atoms {exp.hand[1:]} around atom {exp.hand[0]} keep one hand in every "
@@ -367,14 +434,24 @@ def run(
         (run_dir / MOLBLOCK).write_text(splits["molblock"])
     n_test = len(splits["test"])
     n_samples = n_test if n_samples is None else n_samples
-    eval_points = n_test + SAMPLE_COST[exp.model] * n_samples  # in flow validation points
+    eval_points = n_test + SAMPLE_COST[exp.geometry] * n_samples  # in flow validation points
     if final_eval:
         exp.flow = exp.flow.replace(reserve_points=eval_points)
     model = build_model(exp)
+    print(f"model: {model_name(exp)}" + (
+        " (the default for a molecule with a bond graph; --geometry cartesian for ShapeFlow)"
+        if internal else ""))  # fmt: skip
+    if internal:
+        symbols = None if exp.labels is None else [element_symbol(z) for z in exp.labels]
+        print(model.zmatrix.describe(symbols))
+    val = splits["val"][: exp.n_val_flow]
     with progress_line(progress, run_dir.name) as display:
-        flow = fit_shape_flow(model, splits["train"], splits["val"][: exp.n_val_flow],
-                              run_dir / "flow", exp.flow, coupling=exp.coupling,
-                              progress=display, setup=setup)  # fmt: skip
+        if internal:
+            flow = fit_internal_flow(model, splits["train"], val, run_dir / "flow", exp.flow,
+                                     progress=display, setup=setup)  # fmt: skip
+        else:
+            flow = fit_shape_flow(model, splits["train"], val, run_dir / "flow", exp.flow,
+                                  coupling=exp.coupling, progress=display, setup=setup)
         if not final_eval:
             return exp
         estimate = None if flow.last_val_seconds is None \
@@ -436,9 +513,10 @@ def _distances(P: np.ndarray) -> np.ndarray:
 
 
 def model_name(exp: ShapeExperiment) -> str:
-    """The model of a run, in words: ``"ShapeFlow (EFM baseline)"`` (the Cartesian
-    geometry)."""
-    return "ShapeFlow (EFM baseline)"
+    """The model of a run, in words, as the README names it."""
+    return {"internal": "InternalFlow (internal coordinates: bonds, angles, torsions)",
+            "grassmann": "ShapeFlow (Grassmann geometry)"}.get(
+        exp.geometry, "ShapeFlow (Cartesian geometry, the EFM baseline)")  # fmt: skip
 
 
 def _sample_comment(exp: ShapeExperiment, run_dir: str | Path, seed: int) -> str:

@@ -15,7 +15,8 @@ The same call trains data-parallel under ``torchrun --nproc_per_node N``; see
 
 The shape model (`grassflow.flows.ShapeFlow`) trains by conditional flow matching on point
 clouds: `cfm_objective` (`shape_matching`: couplings, equivariant OT, alignment) and
-`fit_shape_flow` / `load_shape_flow` (`shape_fit`).
+`fit_shape_flow` / `load_shape_flow` (`shape_fit`); `fit_internal_flow` trains a molecule's
+`grassflow.flows.InternalFlow` by maximum likelihood.
 """
 
 from .batches import Sampler, SamplerBatches, TensorBatches
@@ -33,7 +34,7 @@ from .parallel_eval import (
     save_samples,
 )
 from .result import TrainingDiverged, TrainingInterrupted, TrainResult
-from .shape_fit import fit_shape_flow, load_shape_flow
+from .shape_fit import fit_internal_flow, fit_shape_flow, load_shape_flow
 from .shape_matching import CFM_COUPLINGS, cfm_losses, cfm_objective
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "distributed_mean_nll",
     "distributed_sample",
     "distributed_transport",
+    "fit_internal_flow",
     "fit_shape_flow",
     "load_checkpoint",
     "load_shape_flow",

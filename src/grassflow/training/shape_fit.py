@@ -1,5 +1,6 @@
-"""Fitting a `ShapeFlow` to clouds: resumable flow matching with the generic
-training loop, the best checkpoint chosen by the exact validation NLL."""
+"""Fitting a shape model to clouds with the generic training loop, the best checkpoint chosen
+by the exact validation NLL: a `ShapeFlow` by flow matching (`fit_shape_flow`), an
+`InternalFlow` by maximum likelihood (`fit_internal_flow`)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,19 @@ from pathlib import Path
 
 from torch import Tensor
 
+from ..flows.internal_flow import InternalFlow
 from ..flows.shape_flow import ShapeFlow
 from ..manifolds.shape_paths import GEOMETRIES, check_full_rank
 from .checkpoint import load_checkpoint
 from .clock import Stopwatch
 from .config import TrainConfig
 from .loop import train
+from .objectives import nll_objective
 from .progress import Progress
 from .result import TrainResult
 from .shape_matching import CFM_COUPLINGS, cfm_objective
 
-__all__ = ["fit_shape_flow", "load_shape_flow"]
+__all__ = ["fit_internal_flow", "fit_shape_flow", "load_shape_flow"]
 
 
 def fit_shape_flow(
@@ -62,6 +65,27 @@ def fit_shape_flow(
     objective = functools.partial(cfm_objective, coupling=coupling, geometry=geometry)
     return train(model, train_clouds, config, run_dir, val_data=val_clouds, objective=objective,
                  resume=True, progress=progress, setup=setup)  # fmt: skip
+
+
+def fit_internal_flow(
+    model: InternalFlow,
+    train_clouds: Tensor,
+    val_clouds: Tensor | None,
+    run_dir: str | Path,
+    config: TrainConfig,
+    *,
+    progress: bool | Progress = True,
+    setup: Stopwatch | None = None,
+) -> TrainResult:
+    """Train (or continue) ``model`` on molecules ``train_clouds: (N, n, 3)`` in ``run_dir`` by
+    maximum likelihood (one pass gives the exact density). Its normalization (torsion cuts,
+    whitening) is first fitted to the training molecules (the same on resume);
+    ``val_clouds: (M, n, 3)`` pick ``best.pt``; ``progress`` and ``setup`` as in
+    `fit_shape_flow`."""
+    model.fit_normalization(train_clouds)
+    return train(model, train_clouds, config, run_dir, val_data=val_clouds,
+                 objective=nll_objective, resume=True, progress=progress,
+                 setup=setup)  # fmt: skip
 
 
 def load_shape_flow(
