@@ -173,6 +173,10 @@ class InternalFlow(nn.Module):
         zuko = _zuko()
         nsf = zuko.flows.NSF(m, transforms=config.transforms, bins=config.bins,
                              hidden_features=config.hidden, passes=config.passes)
+        for t in nsf.transform.transforms:  # the identity at first: training starts from the
+            last = t.hyper[-1]  # mixture fitted to the data, not from a random warp of it
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
         self.flow = zuko.flows.Flow(nsf.transform, zuko.flows.GMM(m, components=config.components))
         self.n_swaps = len(self.ic.zmatrix.swaps)
         self.register_buffer("loc", torch.zeros(m, dtype=torch.float64))
@@ -292,9 +296,8 @@ class InternalFlow(nn.Module):
 
     @torch.no_grad()
     def _init_mixture(self, w: Tensor, iterations: int = 20) -> None:
-        """The base mixture from k-means (Lloyd, seeded with evenly spaced points) of the
-        whitened training data ``w: (N, m)``: weights, means and per-coordinate spreads of
-        the clusters (floored, so a small cluster stays a proper Gaussian)."""
+        """The base mixture fitted to the whitened training data ``w: (N, m)``: k-means
+        (Lloyd, from evenly spaced points), then EM with full, ridged covariances."""
         logits, loc, diag, tril = self.flow.base.phi
         K = len(logits)
         centers = w[torch.linspace(0, len(w) - 1, K).long()].clone()
@@ -303,13 +306,23 @@ class InternalFlow(nn.Module):
             for c in range(K):
                 if (match == c).any():
                     centers[c] = w[match == c].mean(0)
-        counts = torch.bincount(match, minlength=K).to(w)
-        spread = torch.stack([w[match == c].std(0) if counts[c] > 1 else torch.ones_like(w[0])
-                              for c in range(K)]).nan_to_num(1.0).clamp(0.05, 1.0)  # fmt: skip
-        logits.copy_((counts + 1).log())
-        loc.copy_(centers)
-        diag.copy_(spread.log())
-        tril.zero_()
+        m = w.shape[1]
+        eye = torch.eye(m, dtype=w.dtype, device=w.device)
+        resp = torch.nn.functional.one_hot(match, K).to(w)
+        for _ in range(iterations):  # EM: full covariances (a mode's bonds are correlations)
+            n_k = resp.sum(0) + 1e-3
+            mean = (resp.T @ w) / n_k[:, None]
+            d = w[:, None, :] - mean  # (N, K, m)
+            cov = torch.einsum("nk,nki,nkj->kij", resp, d, d) / n_k[:, None, None] + 1e-3 * eye
+            L = torch.linalg.cholesky(cov)
+            z = torch.linalg.solve_triangular(L, d.permute(1, 2, 0), upper=False)  # (K, m, N)
+            log_n = -0.5 * z.square().sum(1).T - L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+            resp = torch.softmax(log_n + (n_k / n_k.sum()).log(), dim=-1)
+        lower = torch.tril(torch.ones(m, m, dtype=torch.bool, device=w.device), -1)
+        logits.copy_(n_k.log())
+        loc.copy_(mean)
+        diag.copy_(L.diagonal(dim1=-2, dim2=-1).log())
+        tril.copy_(L[:, lower])
 
     def _swapped(self, P: Tensor, swap: Tensor) -> Tensor:
         """``P: (B, n, 3)`` with the labels of each pair of `ZMatrix.swaps` exchanged where
