@@ -37,7 +37,9 @@ import torch
 from ..data.molecule_files import find_hand, molblock_charges, write_sdf
 from ..data.point_clouds import element_symbol, labels_path, load_point_clouds, save_clouds
 from ..flows import InternalFlow, InternalFlowConfig, ShapeFlow, ShapeFlowConfig
+from ..flows.internal_flow import choose_mirror_row
 from ..manifolds.shape_paths import GEOMETRIES
+from ..manifolds.zmatrix import build_zmatrix
 from ..metrics import histogram, jsd
 from ..training import (
     CFM_COUPLINGS,
@@ -71,7 +73,7 @@ two-part ShapeFlow (GrCNF on the spans + Gram density), removed in issue 34."""
 # preset fields added after runs were made: the value those runs had without saying so
 # (a preset without ``model`` is a two-part ShapeFlow run's)
 ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot", "geometry": "cartesian",
-                "ring_block": True}
+                "ring_block": True, "mirror_row": None}
 # preset fields of the removed two-part model: a baseline run's saved values of them are ignored
 REMOVED_FIELDS = ("potential", "prior", "objective", "gram", "gram_density", "gram_components")
 
@@ -169,6 +171,10 @@ class ShapeExperiment:
         ring_block: the internal geometry places ring atoms as one Cartesian block in the
             root frame (default; rings stay closed); False leaves ring-closing bonds implicit
             (an ablation: errors add up around the ring).
+        mirror_row: the internal geometry's Z-matrix row whose torsion sign it symmetrizes
+            over by reflection (`grassflow.flows.internal_flow.choose_mirror_row`). Set by
+            `run` for a new run on a molecule without a hand (None for a chiral one, which
+            keeps its hand); a continued run keeps its saved value.
         bonds, bond_orders, smiles: the molecule's bond table ``((i, j), ...)``, its orders
             and SMILES, read from the data (None when it has none).
         use_bonds: give the model the bond graph (the field's edge features). None, the
@@ -209,6 +215,7 @@ class ShapeExperiment:
     harmonic_prior: bool | None = None
     hand: tuple[int, ...] | None = None
     ring_block: bool = True
+    mirror_row: int | None = None
 
     def __post_init__(self):
         refuse_removed_model(self.model)
@@ -338,7 +345,8 @@ def build_model(exp: ShapeExperiment) -> ShapeFlow | InternalFlow:
     """The model of ``exp`` (``n_points``, ``dim`` and ``geometry`` resolved), float64."""
     if exp.geometry == "internal":
         config = InternalFlowConfig(exp.n_points, exp.bonds, exp.labels, exp.ring_block,
-                                    hidden=(exp.hidden,) * 2, transforms=exp.layers)  # fmt: skip
+                                    hidden=(exp.hidden,) * 2, transforms=exp.layers,
+                                    mirror_row=exp.mirror_row)  # fmt: skip
         with seeded_init(exp.flow.seed):
             return InternalFlow.from_config(config).double()
     labels = None if exp.labels is None or not exp.efm_labels else exp.labels
@@ -416,12 +424,21 @@ def run(
     if internal:
         exp.flow = _internal_schedule(exp.flow)
     if old:
-        exp = dataclasses.replace(exp, hand=old.get("hand"))
+        exp = dataclasses.replace(exp, hand=old.get("hand"), mirror_row=old.get("mirror_row"))
         trained = old.get("flow", {}).get("dtype", "float64")
         if exp.flow.dtype == _flow_config().dtype:  # the preset's: a run continues as trained
             exp.flow = exp.flow.replace(dtype=trained)
-    elif exp.bonds and exp.use_bonds and not internal:  # internal coordinates carry the hand
+    elif exp.bonds and exp.use_bonds and not internal:
         exp = dataclasses.replace(exp, hand=find_hand(splits["train"].numpy(), exp.bonds))
+    elif internal:  # the torsions carry a hand; an achiral molecule's is symmetrized
+        hand = find_hand(splits["train"].numpy(), exp.bonds)
+        zm = build_zmatrix(n, exp.bonds, exp.labels, exp.ring_block)
+        exp = dataclasses.replace(exp, mirror_row=None if hand is not None else choose_mirror_row(
+            zm, splits["train"], exp.labels))  # fmt: skip
+        if exp.mirror_row is not None:
+            print(f"mirror: no atom keeps one hand in the training conformers, so the model is "
+                  f"symmetric under reflection (canonical sign: the torsion of Z-matrix row "
+                  f"{exp.mirror_row}, atom {zm.rows[exp.mirror_row][0]})")  # fmt: skip
     if exp.hand is not None:
         print(f"hand: atoms {exp.hand[1:]} around atom {exp.hand[0]} keep one hand in every "
               "training cloud, so the model keeps it (its mirror images get density 0)")
