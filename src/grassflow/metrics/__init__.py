@@ -3,8 +3,10 @@
 Boltzmann-generator metrics (energy W1, importance weights, ESS); chemistry of one
 molecule's conformers (MMFF94 energies, torsions, stereo; needs RDKit when called)."""
 from .boltzmann import (
+    boltzmann_weights,
     effective_sample_size,
     energy_w1,
+    ess_fraction,
     finite_energies,
     log_importance_weights,
 )
@@ -47,6 +49,7 @@ __all__ = [
     "bond_lengths",
     "bonds_kept",
     "bonds_kept_fraction",
+    "boltzmann_weights",
     "chemistry_summary",
     "closest_pair_fraction",
     "dihedrals",
@@ -55,6 +58,7 @@ __all__ = [
     "energy_cap",
     "energy_w1",
     "energy_w1_capped",
+    "ess_fraction",
     "finite_energies",
     "half_split",
     "histogram",
