@@ -443,11 +443,6 @@ def test_float32_model_agrees_with_float64():
     assert single.sample(4).dtype == torch.float32
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "library bug: InternalFlow's buffers are always float64 (internal_flow.py, the "
-    "register_buffer calls in __init__) while zuko's parameters take the default dtype; "
-    "built under the float32 default, model.dtype says float64, log_prob of float64 input "
-    "and sample() raise 'mat1 and mat2 must have the same dtype'"))  # fmt: skip
 def test_a_model_built_under_the_float32_default_is_usable():
     """Catches a model whose `dtype` is not the dtype its layers compute in: built under
     the float32 default (as a user script would), it must score and sample in its dtype."""

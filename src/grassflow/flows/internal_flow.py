@@ -130,10 +130,14 @@ class InternalFlowConfig:
         if self.passes not in (None, 2):
             raise ValueError(f"passes must be None (autoregressive) or 2 (coupling), got "
                              f"{self.passes!r}")  # fmt: skip
-        if self.zmatrix is None:
-            zm = build_zmatrix(self.n_points, self.bonds, self.labels, self.cartesian_rings)
-            object.__setattr__(self, "zmatrix", zm.to_dict())
-        ZMatrix(**self.zmatrix)  # refuses a bad one
+        zm = build_zmatrix(self.n_points, self.bonds, self.labels, self.cartesian_rings) \
+            if self.zmatrix is None else ZMatrix(**self.zmatrix)  # refuses a bad one
+        object.__setattr__(self, "zmatrix", zm.to_dict())  # tuples, also after JSON
+        swapped = {b for _, b in zm.swaps}
+        if self.mirror_row is not None and not (
+                0 <= self.mirror_row < len(zm.rows) and zm.rows[self.mirror_row][0] not in swapped):
+            raise ValueError(f"mirror_row must index one of the {len(zm.rows)} Z-matrix rows that "
+                             f"is not a geminal pair's, got {self.mirror_row!r}")  # fmt: skip
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -196,6 +200,7 @@ class InternalFlow(nn.Module):
         self.register_buffer("swap_pairs", torch.tensor(zm.swaps, dtype=torch.long).reshape(
             -1, 2), persistent=False)  # fmt: skip
         self.last_stats: dict = {}
+        self.double()  # one dtype for zuko's parameters and the buffers, whatever the default
 
     @property
     def zmatrix(self) -> ZMatrix:

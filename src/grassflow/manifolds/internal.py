@@ -47,7 +47,8 @@ LOG_SO3_VOLUME = math.log(8 * math.pi**2)
 
 
 def _unit(v: Tensor) -> Tensor:
-    return v / v.norm(dim=-1, keepdim=True)
+    # a zero vector (a straight angle) stays zero: degenerate but finite, never NaN
+    return v / v.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(v.dtype).tiny)
 
 
 def _angle(u: Tensor, w: Tensor) -> Tensor:
