@@ -3,6 +3,7 @@ reader, SDF/.npz reading checked against RDKit's molecules, `save_ensemble` file
 error a user's file can raise, and ``grassflow data conformers``."""
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -355,8 +356,25 @@ def test_smiles_to_conformers_to_model_to_sdf(tmp_path, monkeypatch, capsys):
 
     monkeypatch.chdir(tmp_path)
     assert main(["data", "conformers", "CCO", "--n", "40", *QUICK]) == 0
+    # the default for a molecule: internal coordinates, named, its Z-matrix printed; its
+    # samples go to an SDF with the data's bonds and keep them
+    default = ["train", "--data", "data/CCO.npz", "--iterations", "20", "--no-eval",
+               "--no-progress", "--run-dir", "internal"]  # fmt: skip
+    assert main(default) == 0
+    out = capsys.readouterr().out
+    assert "model: InternalFlow" in out and "Z-matrix of 9 atoms" in out
+    assert "trained InternalFlow (internal coordinates" in out
+    exp = json.loads((tmp_path / "internal" / "experiment.json").read_text())
+    assert exp["geometry"] == "internal" and exp["hand"] is None
+    assert main(["sample", "internal", "--n", "5", "--out", "i.sdf"]) == 0
+    data, samples = load_point_clouds("data/CCO.npz"), load_point_clouds("i.sdf")
+    assert table(samples) == table(data) and "InternalFlow" in Path("i.sdf").read_text()
+    lengths = lambda P: np.linalg.norm(P[:, data.bonds[:, 0]] - P[:, data.bonds[:, 1]], axis=-1)
+    assert np.abs(lengths(samples.positions) / lengths(data.positions).mean(0) - 1).max() < 0.1
+
     train = ["train", "--data", "data/CCO.npz", "--iterations", "2", "--lr", "1e-9", "--atol",
-             "1e-4", "--rtol", "1e-4", "--no-eval", "--no-progress"]  # fmt: skip
+             "1e-4", "--rtol", "1e-4", "--no-eval", "--no-progress", "--geometry",
+             "cartesian"]  # fmt: skip
     assert main([*train, "--run-dir", "run"]) == 0
     assert "bonds: 8 (with orders) of CCO" in capsys.readouterr().out
     assert main([*train, "--run-dir", "run", "--resume", "--iterations", "3"]) == 0  # same run

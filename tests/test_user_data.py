@@ -105,7 +105,8 @@ def test_sample_writes_element_symbols_and_the_model(run, tmp_path):
     _, run_dir = run
     assert main(["sample", str(run_dir), "--n", "3", "--out", str(tmp_path / "gen.npy")]) == 0
     lines = (tmp_path / "gen.xyz").read_text().splitlines()
-    assert lines[0] == "5" and lines[1].startswith("grassflow ShapeFlow (EFM baseline) sample")
+    assert lines[0] == "5" and lines[1].startswith(
+        "grassflow ShapeFlow (Cartesian geometry, the EFM baseline) sample")
     assert [ln.split()[0] for ln in lines[2:7]] == ["C", "C", "O", "H", "H"]
     back = load_point_clouds(tmp_path / "gen.npy")  # its labels come back from gen_Z.npy
     assert back.positions.shape == (3, 5, 3) and (back.labels == LABELS).all()
@@ -122,4 +123,5 @@ def test_baseline_samples_say_shape_flow_efm(tmp_path):
     assert main(["sample", str(run_dir), "--n", "2", "--out", str(tmp_path / "g.npy")]) == 0
     for xyz in (tmp_path / "g.xyz", run_dir / "samples.xyz"):
         comment = xyz.read_text().splitlines()[1]
-        assert "ShapeFlow (EFM baseline)" in comment and "TwoPart" not in comment, comment
+        assert "ShapeFlow (Cartesian geometry, the EFM baseline)" in comment \
+                and "TwoPart" not in comment, comment  # fmt: skip
