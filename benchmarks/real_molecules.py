@@ -86,7 +86,7 @@ MOLECULES = {"butane": "CCCC", "glycerol": "OCC(O)CO",
 """``alanine-dipeptide`` has no stereo mark, so its ensemble holds both hands; the natural
 ``l-alanine-dipeptide`` (Ac-L-Ala-NHMe) is the row that measures stereo kept."""
 MODELS = {"internal": {"geometry": "internal"},
-          "internal-implicit-rings": {"geometry": "internal", "ring_block": False},
+          "internal-ring-block": {"geometry": "internal", "ring_block": True},
           "cartesian": {"geometry": "cartesian"}, "grassmann": {"geometry": "grassmann"},
           "cartesian-gaussian": {"geometry": "cartesian", "harmonic_prior": False},
           "cartesian-wide": {"geometry": "cartesian", "hidden": 64}}  # fmt: skip

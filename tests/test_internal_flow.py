@@ -39,7 +39,7 @@ SMALL = {
     "methanol": dict(
         n_points=6, bonds=((0, 1), (0, 2), (0, 3), (0, 4), (1, 5)), labels=(6, 8, 1, 1, 1, 1)
     ),  # fmt: skip
-    "ring5": dict(n_points=5, bonds=((0, 1), (1, 2), (2, 3), (3, 0), (0, 4))),
+    "ring5": dict(n_points=5, bonds=((0, 1), (1, 2), (2, 3), (3, 0), (0, 4)), cartesian_rings=True),
 }
 _built: dict = {}
 

@@ -95,14 +95,16 @@ def _rows_obey_the_rules(zm: ZMatrix, mol, Z, cartesian_rings: bool = True) -> N
         assert kids == sorted(kids, reverse=True), f"hydrogens before heavy atoms on {j}"
 
 
+@pytest.mark.parametrize("cartesian_rings", [True, False])
 @pytest.mark.parametrize("name", list(MOLECULES))
-def test_zmatrix_rules_on_real_molecules(name):
+def test_zmatrix_rules_on_real_molecules(name, cartesian_rings):
     """Catches an atom placed twice or never, a bond partner j not bonded to i, a reference
     placed after i, a hydrogen reference where a heavy atom is as near, a duplicated (j, k, l)
-    and a non-breadth-first parent, on four molecules with hydrogens."""
+    and a non-breadth-first parent, on four molecules with hydrogens, with a ring block and
+    with implicit ring-closing bonds (the default)."""
     mol, n, bonds, Z = molecule(MOLECULES[name])
-    zm = build_zmatrix(n, bonds, Z)
-    _rows_obey_the_rules(zm, mol, Z)
+    zm = build_zmatrix(n, bonds, Z, cartesian_rings=cartesian_rings)
+    _rows_obey_the_rules(zm, mol, Z, cartesian_rings)
     a0, a1, a2 = zm.root
     # the root frame is a bonded chain: a1 - a0, a2 - root_bond, the angle at root_bond
     assert Z[a0] != 1 and Chem.GetDistanceMatrix(mol)[a0, a1] == 1
@@ -123,7 +125,7 @@ def test_the_rule_checker_has_power(smiles, row, mutant, message):
     """The checker above fails on butane's (and cyclohexanol's) Z-matrix with one row broken
     each way (so the passing tests mean the rules hold)."""
     mol, n, bonds, Z = molecule(smiles)
-    zm = build_zmatrix(n, bonds, Z)
+    zm = build_zmatrix(n, bonds, Z, cartesian_rings=True)
     assert row in zm.rows
     bad = ZMatrix.__new__(ZMatrix)  # skip ZMatrix's own validation: the checker must see it
     for field, value in zm.to_dict().items():
@@ -138,7 +140,7 @@ def test_acyclic_root_is_the_most_central_heavy_atom(name):
     """Catches a root chosen by index (long reference chains): without rings a0 has the least
     eccentricity among heavy atoms in RDKit's distance matrix; a1, a2 heavy when they can be."""
     mol, n, bonds, Z = molecule(MOLECULES[name])
-    zm = build_zmatrix(n, bonds, Z)
+    zm = build_zmatrix(n, bonds, Z, cartesian_rings=True)
     D = Chem.GetDistanceMatrix(mol)
     heavy = [a for a in range(n) if Z[a] != 1]
     ecc = D.max(1)
@@ -153,7 +155,7 @@ def test_torsion_references_are_not_collinear_in_embedded_conformers(name):
     zero) and a near-linear angle i-j-k: in RDKit conformers, l is at least 0.3 Å off the
     line j-k and every angle i-j-k is between 15 and 165 degrees."""
     mol, n, bonds, Z = molecule(MOLECULES[name])
-    zm = build_zmatrix(n, bonds, Z)
+    zm = build_zmatrix(n, bonds, Z, cartesian_rings=True)
     for seed in range(3):
         x = conformer(MOLECULES[name], seed)
         for i, j, k, l in zm.rows:
@@ -172,7 +174,7 @@ def test_two_hydrogens_on_one_carbon_get_different_torsion_references():
     (C0, C1) with three different l, H5 about H4 and H6 about H5."""
     for smiles in MOLECULES.values():
         mol, n, bonds, Z = molecule(smiles)
-        zm = build_zmatrix(n, bonds, Z)
+        zm = build_zmatrix(n, bonds, Z, cartesian_rings=True)
         groups: dict = {}
         for i, j, k, l in zm.rows:
             groups.setdefault((j, k), []).append((i, l))
@@ -183,7 +185,7 @@ def test_two_hydrogens_on_one_carbon_get_different_torsion_references():
             hydrogens_sharing += sum(Z[i] == 1 for i, _ in members) > 1
         assert hydrogens_sharing > 0  # the case arises in each of the four molecules
     mol, n, bonds, Z = molecule("CCCC")  # H4, H5, H6 on C0
-    zm = build_zmatrix(n, bonds, Z)
+    zm = build_zmatrix(n, bonds, Z, cartesian_rings=True)
     methyl = [r for r in zm.rows if r[1] == 0]
     assert sorted(r[0] for r in methyl) == [4, 5, 6]
     assert {r[2] for r in methyl} == {1} and len({r[3] for r in methyl}) == 3
@@ -198,7 +200,7 @@ def test_geminal_pairs_are_the_first_two_hydrogens_on_each_atom(name):
     read off the rows independently; their torsion about each other is the stiff ~120
     degrees in RDKit conformers; ``swaps=False`` lists none and changes no row."""
     mol, n, bonds, Z = molecule(MOLECULES[name])
-    zm = build_zmatrix(n, bonds, Z)
+    zm = build_zmatrix(n, bonds, Z, cartesian_rings=True)
     D = Chem.GetDistanceMatrix(mol)
     terminal_h = {a for a in range(n) if Z[a] == 1 and (D[a] == 1).sum() == 1}
     by_atom: dict = {}
@@ -216,7 +218,7 @@ def test_geminal_pairs_are_the_first_two_hydrogens_on_each_atom(name):
                 assert l == a
                 phi = rdMolTransforms.GetDihedralDeg(mol.GetConformer(), i, j, k, l)
                 assert 100 < abs(phi) < 140, (name, row_of[b], phi)
-    plain = build_zmatrix(n, bonds, Z, swaps=False)
+    plain = build_zmatrix(n, bonds, Z, cartesian_rings=True, swaps=False)
     assert plain.swaps == () and plain.rows == zm.rows and plain.cartesian == zm.cartesian
     with pytest.raises(ValueError, match="torsion reference"):
         ZMatrix(zm.n_atoms, zm.root, zm.root_bond, zm.cartesian, zm.rows,
@@ -233,7 +235,7 @@ def test_ring_atoms_and_only_those_form_the_cartesian_block(smiles):
     mol, n, bonds, Z = molecule(smiles)
     in_ring = {a.GetIdx() for a in mol.GetAtoms() if a.IsInRing()}
     assert ring_atoms(n, bonds) == in_ring
-    zm = build_zmatrix(n, bonds, Z)
+    zm = build_zmatrix(n, bonds, Z, cartesian_rings=True)
     assert set(zm.root) <= in_ring
     assert set(zm.cartesian) == in_ring - set(zm.root)
     assert len(zm.cartesian) == len(set(zm.cartesian))
@@ -281,5 +283,5 @@ def test_zmatrix_survives_a_json_round_trip():
     import json
 
     mol, n, bonds, Z = molecule(MOLECULES["cyclohexanol"])
-    zm = build_zmatrix(n, bonds, Z)
+    zm = build_zmatrix(n, bonds, Z, cartesian_rings=True)
     assert ZMatrix(**json.loads(json.dumps(zm.to_dict()))) == zm

@@ -8,8 +8,9 @@ config record.
 The pieces, each an exact bijection with its log-determinant:
 
 1. ``x -> (R, q)``: `grassflow.manifolds.internal.InternalCoordinates` of the bond graph's
-   `ZMatrix` (ring atoms as a Cartesian block in the root frame, so rings stay closed); the
-   orientation R is uniform on SO(3), ``log p(x) = log p(q) - log 8 pi^2 - log J(q)``.
+   `ZMatrix` (ring-closing bonds implicit by default, or ring atoms as a Cartesian block in
+   the root frame); the orientation R is uniform on SO(3),
+   ``log p(x) = log p(q) - log 8 pi^2 - log J(q)``.
 2. ``q -> u`` in R^(3n - 6): bond lengths by ``log``, angles by ``logit(theta / pi)``, and
    each torsion, cut open at its least populated angle in the training data ``c``, by
    ``logit(((phi - c) mod 2 pi) / 2 pi)``. The torus minus one point per torsion (measure
@@ -89,8 +90,11 @@ class InternalFlowConfig:
         n_points: n, atoms per molecule (>= 3).
         bonds: the bond graph ``((i, j), ...)``, connected.
         labels: atomic numbers (hydrogens, 1, are placed after heavy atoms); or None.
-        cartesian_rings: ring atoms as one Cartesian block in the root frame (default);
-            False: Z-matrix rows for them too (ring-closing bonds left implicit).
+        cartesian_rings: ring atoms as one Cartesian block in the root frame; False (the
+            default, the measured winner on cyclohexanol: 99.9 % against 94.8 % of samples
+            with every bond kept, `experiments/internal_coordinates/design.py`): Z-matrix
+            rows for them too, the ring-closing bonds implicit, held by the whitening's
+            correlations and the mixture.
         transforms, hidden, bins: the spline flow's layers, its conditioners' hidden
             widths, and the spline's bins.
         passes: None (autoregressive: one pass for the density, 3n - 6 to sample) or 2
@@ -107,7 +111,7 @@ class InternalFlowConfig:
     n_points: int
     bonds: tuple[tuple[int, int], ...]
     labels: tuple[int, ...] | None = None
-    cartesian_rings: bool = True
+    cartesian_rings: bool = False
     transforms: int = 4
     hidden: tuple[int, ...] = (128, 128)
     bins: int = 8

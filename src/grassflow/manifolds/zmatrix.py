@@ -22,9 +22,11 @@ badly (it leaks mass between the signs, and the hydrogens land on each other). E
 ``(b, j, k, a)``; a model may take b's torsion in ``(0, pi)`` and symmetrize over the swaps
 (`grassflow.flows.InternalFlow`).
 
-Rings (``cartesian_rings=True``, the default): a ring-closing bond is not a coordinate of
-any Z-matrix, so small errors in the ring's angles and torsions would add up around the
-ring and break it. The atoms of every ring are instead placed as one Cartesian block, by
+Rings: a ring-closing bond is not a coordinate of any Z-matrix, so small errors in the
+ring's angles and torsions could add up around the ring and break it. By default the rows
+of ring atoms are ordinary ones and the closing bonds implicit: a model that whitens its
+coordinates holds them through their correlations (measured: issue 41). With
+``cartesian_rings=True`` the atoms of every ring are instead placed as one Cartesian block, by
 their coordinates in the frame of the three root atoms (which lie in a ring), as in
 bgflow's mixed coordinates; every other atom hangs off them by a Z-matrix row. An atom
 bonded to a ring atom j takes j's other ring neighbour as its torsion reference: its
@@ -168,7 +170,7 @@ def ring_atoms(n: int, bonds) -> set[int]:
     return out
 
 
-def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = True,
+def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = False,
                   swaps: bool = True) -> ZMatrix:  # fmt: skip
     """The Z-matrix of a connected molecule of ``n >= 3`` atoms (rules in the module doc).
 
@@ -177,8 +179,8 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Tr
         bonds: ``(B, 2)`` bonded atom pairs.
         atomic_numbers: ``(n,)``; atoms with 1 are hydrogens (placed after heavy atoms, and
             references only where no heavy atom is as near). None: all heavy.
-        cartesian_rings: place ring atoms as a Cartesian block in the root frame (the
-            default); False: ring atoms get Z-matrix rows too (ring-closing bonds implicit).
+        cartesian_rings: place ring atoms as a Cartesian block in the root frame; False
+            (the default): ring atoms get Z-matrix rows too (ring-closing bonds implicit).
         swaps: list the geminal hydrogen pairs (`ZMatrix.swaps`); False: none.
 
     Raises:

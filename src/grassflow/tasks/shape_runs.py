@@ -169,8 +169,8 @@ class ShapeExperiment:
             continuing one; None in a saved preset (runs made before this
             option) means no labels, as those runs were trained.
         ring_block: the internal geometry places ring atoms as one Cartesian block in the
-            root frame (default; rings stay closed); False leaves ring-closing bonds implicit
-            (an ablation: errors add up around the ring).
+            root frame; False (the default, the measured winner: issue 41) leaves
+            ring-closing bonds implicit, held by the whitening's correlations.
         mirror_row: the internal geometry's Z-matrix row whose torsion sign it symmetrizes
             over by reflection (`grassflow.flows.internal_flow.choose_mirror_row`). Set by
             `run` for a new run on a molecule without a hand (None for a chiral one, which
@@ -214,7 +214,7 @@ class ShapeExperiment:
     use_bonds: bool | None = None
     harmonic_prior: bool | None = None
     hand: tuple[int, ...] | None = None
-    ring_block: bool = True
+    ring_block: bool = False
     mirror_row: int | None = None
 
     def __post_init__(self):
