@@ -401,3 +401,27 @@ def test_smiles_to_conformers_to_model_to_sdf(tmp_path, monkeypatch, capsys):
     np.save("plain.npy", data.positions)
     assert main([*train, "--data", "plain.npy", "--run-dir", "bad", "--prior", "harmonic"]) == 2
     assert "plain.npy has none" in capsys.readouterr().err
+
+
+def test_internal_run_resumes_bit_exactly_and_continues_its_symmetry(tmp_path, monkeypatch):
+    # bug caught: a resumed internal-coordinate run that does not go on as an uninterrupted
+    # one (its optimizer, RNG, whitening, torsion cuts or fitted base mixture not restored),
+    # or that chooses its mirror row anew
+    import json
+
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "conformers", "OCC(O)CO", "--n", "60", *QUICK]) == 0
+    data = str(next((tmp_path / "data").glob("*.npz")))
+    train = ["train", "--data", data, "--no-eval", "--no-progress"]
+    assert main([*train, "--run-dir", "whole", "--iterations", "40"]) == 0
+    assert main([*train, "--run-dir", "cut", "--iterations", "20"]) == 0
+    assert main([*train, "--run-dir", "cut", "--iterations", "40", "--resume"]) == 0
+    whole, cut = (torch.load(tmp_path / r / "flow" / "last.pt", weights_only=False)["model"]
+                  for r in ("whole", "cut"))  # fmt: skip
+    assert whole.keys() == cut.keys() and {"loc", "scale_tril", "cut"} <= set(whole)
+    for k in whole:
+        assert torch.equal(whole[k], cut[k]), k
+    a, b = (json.loads((tmp_path / r / "experiment.json").read_text()) for r in ("whole", "cut"))
+    assert a["geometry"] == b["geometry"] == "internal" and a["mirror_row"] == b["mirror_row"]
