@@ -21,12 +21,16 @@ the same preset, split and training; atom types, the bond graph and the harmonic
 with the file), except that ``--minutes`` is a total CPU budget of the run, validation
 included, so that a rerun continues an interrupted run. The models:
 
-* ``cartesian``: the default, ``grassflow train --data FILE`` (straight paths, the EFM
+* ``internal``: the default, ``grassflow train --data FILE`` (`grassflow.InternalFlow`, in
+  bonds, angles and torsions; issue 41); ``internal-ring-block``: the same with ring atoms
+  as one Cartesian block;
+* ``cartesian``: ``--geometry cartesian`` (`ShapeFlow` on straight paths, the EFM
   baseline's geometry, with the chemistry);
 * ``grassmann``: the same with ``--geometry grassmann`` (the same inputs, so the comparison
   stays fair);
-* ``cartesian-gaussian``: the default with ``--prior gaussian`` (what the harmonic prior buys);
-* ``cartesian-wide``: the default with an EGNN twice as wide (64), fewer steps per minute.
+* ``cartesian-gaussian``: ``cartesian`` with ``--prior gaussian`` (what the harmonic prior
+  buys);
+* ``cartesian-wide``: ``cartesian`` with an EGNN twice as wide (64), fewer steps per minute.
 
 Reported per molecule and model (`grassflow.metrics.chemistry.chemistry_summary` against the
 test conformers, atoms in the molecule's order: a model with bonds is not symmetric within
