@@ -85,11 +85,12 @@ SHAPE_GEOMETRIES = (*GEOMETRIES, "internal")
 """Of ``ShapeExperiment.geometry``: `ShapeFlow`'s flow-matching geometries, and
 ``"internal"``, the `InternalFlow` of a molecule with a bond graph."""
 
-SAMPLE_COST = {"cartesian": 0.1, "grassmann": 0.1, "internal": 2.0}
+SAMPLE_COST = {"cartesian": 0.1, "grassmann": 0.1, "internal": 40.0}
 """Bounds of the CPU cost of drawing a cloud relative to scoring one exactly, by geometry;
 the final evaluation's share of a budget rests on them. Measured one thread: 1/85 for the
-ODE on 12-point clouds; about 0.5 for the internal-coordinate flow on 22 atoms (an
-autoregressive inverse, batched)."""
+ODE on 12-point clouds; 17-36 for the internal-coordinate flow on 14-22 atoms (its
+autoregressive inverse takes 3n - 6 passes; `results/real_molecules.json`, whose absolute
+costs are 0.2 ms per likelihood and 2-7 ms per sample)."""
 
 INTERNAL_DEFAULTS = {"hidden": 64, "layers": 3}
 """The internal-coordinate flow's conditioner width and spline transforms when not given."""
