@@ -161,7 +161,7 @@ class InternalFlow(nn.Module):
         config: an `InternalFlowConfig` (or use `from_config` with its dict).
 
     Call `fit_normalization` with the training molecules before training (the torsions'
-    cuts and the whitening); its values are buffers, saved with the weights.
+    cuts, the whitening and the base mixture); its values are saved with the weights.
     """
 
     @classmethod
@@ -192,7 +192,7 @@ class InternalFlow(nn.Module):
         self.register_buffer("cut", torch.full((self.ic.n_torsions,), math.pi,
                                                dtype=torch.float64))  # fmt: skip
         zm = self.ic.zmatrix
-        row = {r[0]: m for m, r in enumerate(zm.rows)}
+        row = {r[0]: index for index, r in enumerate(zm.rows)}
         half = torch.zeros(self.ic.n_torsions, dtype=torch.bool)
         half[[row[b] for _, b in zm.swaps]] = True
         if config.mirror_row is not None:

@@ -177,8 +177,9 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Fa
     Args:
         n: number of atoms.
         bonds (ArrayLike): ``(B, 2)`` bonded atom pairs.
-        atomic_numbers (ArrayLike | None): ``(n,)``; atoms with 1 are hydrogens (placed after heavy atoms, and
-            references only where no heavy atom is as near). None: all heavy.
+        atomic_numbers (ArrayLike | None): ``(n,)``; atoms with 1 are hydrogens (placed
+            after heavy atoms, and references only where no heavy atom is as near). None:
+            all heavy.
         cartesian_rings: place ring atoms as a Cartesian block in the root frame; False
             (the default): ring atoms get Z-matrix rows too (ring-closing bonds implicit).
         swaps: list the geminal hydrogen pairs (`ZMatrix.swaps`); False: none.
