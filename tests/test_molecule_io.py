@@ -14,6 +14,7 @@ from grassflow.data import conformers
 from grassflow.data.molecule_files import (
     bond_table,
     check_bonds,
+    find_hand,
     molblock_charges,
     read_sdf,
     write_sdf,
@@ -425,3 +426,23 @@ def test_internal_run_resumes_bit_exactly_and_continues_its_symmetry(tmp_path, m
         assert torch.equal(whole[k], cut[k]), k
     a, b = (json.loads((tmp_path / r / "experiment.json").read_text()) for r in ("whole", "cut"))
     assert a["geometry"] == b["geometry"] == "internal" and a["mirror_row"] == b["mirror_row"]
+
+
+def test_find_hand_picks_the_centre_farthest_from_flat():
+    # bug caught (issue 42's audit): the last qualifying centre chosen, not the one farthest
+    # from flat, so that a nearly flat centre (one noisy conformer from flipping) decides the
+    # hand. Centre 0 is a firm tetrahedron; centre 4, later in the order, qualifies too
+    # (every det negative, min/median 0.33 > 0.1) but is far flatter
+    rng = np.random.default_rng(0)
+    N = 50
+    X = np.zeros((N, 7, 3))
+    X[:, 1:4] = np.eye(3) + 0.05 * rng.standard_normal((N, 3, 3))
+    X[:, 4] = (5.0, 0.0, 0.0)
+    X[:, 5] = (5.0, 1.0, 0.0)
+    X[:, 6, 0] = 5.0
+    X[:, 6, 2] = np.linspace(0.2, 1.0, N)  # det[x3 - x4, x5 - x4, x6 - x4] = -5 t
+    bonds = np.array([[0, 1], [0, 2], [0, 3], [3, 4], [4, 5], [4, 6]])
+    c, *js = find_hand(X, bonds)
+    assert c == 0 and sorted(js) == [1, 2, 3]
+    assert (np.linalg.det(X[:, js] - X[:, [c]]) > 0).all()
+    assert find_hand(X, bonds[3:]) is not None  # the flat centre alone still qualifies

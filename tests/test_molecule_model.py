@@ -285,3 +285,18 @@ def test_a_handed_model_is_twice_as_dense_on_its_hand_and_never_draws_the_mirror
         torch.testing.assert_close(lp, handed.log_prob(Y), atol=1e-2, rtol=0)  # log 2 = 0.69
     with pytest.raises(ValueError, match="distinct point indices"):
         ShapeFlow(8, 3, hand=(0, 1, 1, 6))
+
+
+def test_bond_graph_features_tell_torsion_partners_from_farther_atoms():
+    # bug caught (issue 42's audit): the graph distance clamped one hop too early, so that atoms
+    # three bonds apart (torsion partners) get the features of atoms four or more apart; the
+    # ring above has no pair that far, a chain of seven atoms has them all
+    n = 7
+    bonds = torch.tensor([[a, a + 1] for a in range(n - 1)])
+    F = bond_graph_features(bonds, n)
+    i, j = _ordered_pairs(n)
+    hops = (i - j).abs()
+    assert torch.equal(F[:, :4].argmax(1), hops.clamp_max(4) - 1)
+    by_hops = {int(h): F[p] for p, h in enumerate(hops)}
+    assert not torch.equal(by_hops[3], by_hops[4])
+    assert torch.equal(by_hops[4], by_hops[5]) and torch.equal(by_hops[5], by_hops[6])
