@@ -161,3 +161,33 @@ def test_qm9_atom_types_are_the_molecules_elements(tmp_path):
     with pytest.raises(ValueError, match="atom_types is for QM9"):
         EFMExperiment(system="dw4", atom_types=True).shape_config()
     assert "--atom-types" in EFMExperiment(system="qm9", atom_types=True).command()
+
+
+def test_equivariant_ot_swaps_atoms_only_within_each_pairs_own_labels(monkeypatch):
+    # bug caught (issue 42's audit): the objective's equivariant OT aligning a model with
+    # labels per cloud without the pairs' labels, matching atoms across elements; training
+    # runs and the density stays normalized, only worse, so only the pairs show it
+    import grassflow.training.shape_matching as sm
+
+    seen = {}
+    real = sm.cfm_losses
+
+    def spy(model, x0, x1, t, geometry, labels):
+        seen.update(x1=x1, labels=labels)
+        return real(model, x0, x1, t, geometry, labels)
+
+    monkeypatch.setattr(sm, "cfm_losses", spy)
+    free, _ = _models(torch.zeros(N, dtype=torch.long))
+    torch.manual_seed(7)
+    L = torch.stack([torch.randperm(N) % K for _ in range(16)])
+    P = torch.randn(16, N, 3, dtype=torch.float64)
+    cfm_objective(free, pack_labels(P, L), coupling="equivariant-ot")
+    assert torch.equal(seen["labels"], L)
+    x1, P = seen["x1"], P - P.mean(-2, keepdim=True)
+    swapped = 0
+    for b in range(16):
+        for k in range(K):  # rotated and relabelled within label k: its norms, as a set, kept
+            a, c = (x[L[b] == k].norm(dim=-1).sort().values for x in (x1[b], P[b]))
+            assert torch.allclose(a, c, atol=1e-10), (b, k)
+        swapped += not torch.allclose(x1[b].norm(dim=-1), P[b].norm(dim=-1), atol=1e-10)
+    assert swapped > 0  # power: the alignment did relabel some pairs

@@ -300,3 +300,19 @@ def test_bond_graph_features_tell_torsion_partners_from_farther_atoms():
     by_hops = {int(h): F[p] for p, h in enumerate(hops)}
     assert not torch.equal(by_hops[3], by_hops[4])
     assert torch.equal(by_hops[4], by_hops[5]) and torch.equal(by_hops[5], by_hops[6])
+
+
+def test_sample_with_log_prob_of_a_handed_model_draws_its_hand_only():
+    # bug caught (issue 42's audit): sample_with_log_prob dropping the reflection into the hand
+    # that sample() makes, so that the path Boltzmann reweighting uses returns mirror images
+    # (and their density, zero, as -inf weights); an untrained model draws both hands evenly
+    torch.manual_seed(2)
+    model = ShapeFlow(5, 3, hidden=8, layers=1, hand=(0, 1, 2, 3), atol=1e-4, rtol=1e-4,
+                      chunk_size=16).double()  # fmt: skip
+    X, log_p = model.sample_with_log_prob(16, torch.Generator().manual_seed(0))
+    assert (model.handedness(X) > 0).all()
+    assert torch.isfinite(log_p).all()
+    with torch.no_grad():
+        torch.testing.assert_close(model.log_prob(X), log_p, atol=1e-2, rtol=0)
+    prior = model.sample_prior(16, torch.Generator().manual_seed(0))
+    assert (model.handedness(prior) < 0).any()  # power: the prior itself has both hands
