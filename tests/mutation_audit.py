@@ -4,7 +4,9 @@ Run from the repository root: ``python tests/mutation_audit.py [--only NAME ...]
 mutation is applied to a copy of ``src/`` and ``tests/`` in a temporary folder (the working
 tree is never touched), the quick tests of the files it concerns run there, and the script
 prints which tests failed. It exits 1 if a mutation survives. The list holds the bugs of
-the audits of issues 20 and 33; add one whenever a bug slips past the quick loop. The
+the audits of issues 20, 33 and 42 and bugs planted in issue 41's code (the Z-matrix, the
+volume, the torus map, the symmetrization, ring closure, the reweighting); add one whenever
+a bug slips past the quick loop. The
 two-part model's (``TwoPartShapeFlow``, the Gram densities) live in ``grassflow_paper`` since
 issue 34.
 """
@@ -119,6 +121,59 @@ MUTATIONS = {
         "left_s = 0.0 if spent else 60.0 * total - charged_seconds(config, state)",
         'left_s = 0.0 if spent else 60.0 * total - state.train.seconds("wall")',
         ["tests/test_budgets.py"]),
+    # issue 42's audit of issues 34-35's code: the five that had survived the quick loop
+    "ShapeFlow: sample_with_log_prob does not reflect into the hand": (
+        "grassflow/flows/shape_flow.py",
+        "            X = self._to_hand(self.clouds(torch.cat(zs)))",
+        "            X = self.clouds(torch.cat(zs))", ["tests/test_molecule_model.py"]),
+    "CFM: equivariant OT ignores each pair's own labels": (
+        "grassflow/training/shape_matching.py",
+        "x1 = align_pairs(x0, x1, labels=fixed if labels is None else labels)",
+        "x1 = align_pairs(x0, x1, labels=fixed)", ["tests/test_labels_per_cloud.py"]),
+    "EGNN: torsion partners merged with farther atoms": (
+        "grassflow/nn/egnn.py", "hops = graph_distances(bonds, n)[i, j].clamp_max(_MAX_HOPS) - 1",
+        "hops = graph_distances(bonds, n)[i, j].clamp_max(_MAX_HOPS - 1) - 1",
+        ["tests/test_molecule_model.py"]),
+    "find_hand: the last qualifying centre": (
+        "grassflow/data/molecule_files.py", "        if m >= best_margin:",
+        "        if m >= margin:", ["tests/test_molecule_io.py"]),
+    "malloc: the trim threshold never set": (
+        "grassflow/_malloc.py", "    if not mallopt(_M_TRIM_THRESHOLD, trim):",
+        "    if False:", ["tests/test_malloc.py"]),
+    # issue 41's new code, planted
+    "Z-matrix: duplicate (bond, angle, torsion) references allowed": (
+        "grassflow/manifolds/zmatrix.py", "            if (j, k, l) not in used:",
+        "            if True:", ["tests/test_zmatrix.py"]),
+    "internal coordinates: sin(theta) dropped from the volume": (
+        "grassflow/manifolds/internal.py",
+        "2 * bonds.log().sum(-1) + theta.sin().log().sum(-1)", "2 * bonds.log().sum(-1)",
+        ["tests/test_internal_coordinates.py", "tests/test_internal_flow.py"]),
+    "internal coordinates: the centre of mass term dropped": (
+        "grassflow/manifolds/internal.py", " - 1.5 * math.log(self.n_atoms)", "",
+        ["tests/test_internal_coordinates.py", "tests/test_internal_flow.py"]),
+    "InternalFlow: the torus map's span pi instead of 2 pi": (
+        "grassflow/flows/internal_flow.py",
+        "span = torch.where(self.half_turn, math.pi, TWO_PI)",
+        "span = torch.where(self.half_turn, math.pi, math.pi)", ["tests/test_internal_flow.py"]),
+    "InternalFlow: the symmetrization's 2^-s dropped": (
+        "grassflow/flows/internal_flow.py",
+        "                - (self.n_swaps + self.n_mirror) * math.log(2.0))",
+        "                - 0.0)", ["tests/test_internal_flow.py"]),
+    "InternalFlow: samples not swapped at random": (
+        "grassflow/flows/internal_flow.py", "            return self._swapped(X, coins[:, :-1])",
+        "            return X", ["tests/test_internal_flow.py"]),
+    "InternalFlow: ring closure without the whitening's correlations": (
+        "grassflow/flows/internal_flow.py", "        cov = cov + 1e-8",
+        "        cov = torch.diag_embed(cov.diagonal()) + 1e-8", ["tests/test_internal_flow.py"]),
+    "reweighting: a failed energy keeps its weight": (
+        "grassflow/metrics/boltzmann.py",
+        "log_target = np.where(ok, -np.where(ok, E, 0.0) / kT, -np.inf)",
+        "log_target = np.where(ok, -np.where(ok, E, 0.0) / kT, 0.0)", ["tests/test_reweight.py"]),
+    "reweighting: the Boltzmann factor at 2 kT": (
+        "grassflow/metrics/boltzmann.py",
+        "log_target = np.where(ok, -np.where(ok, E, 0.0) / kT, -np.inf)",
+        "log_target = np.where(ok, -np.where(ok, E, 0.0) / (2 * kT), -np.inf)",
+        ["tests/test_reweight.py"]),
 }  # fmt: skip
 
 
