@@ -97,10 +97,6 @@ MODELS = {"internal": {"geometry": "internal"},
 """ShapeExperiment options of each model beyond ``grassflow train --data``'s defaults (whose
 geometry, for a molecule, is ``internal``)."""
 DEFAULT_MODELS = ("internal", "cartesian")
-ESS_SAMPLES = {"internal": None}
-"""Samples drawn with their exact log-density for the ESS, by geometry (None: all of
-``--n-samples``); a ShapeFlow's costs one ODE solve with the divergence each, so it gets
-``--n-ess`` of them."""
 TEST_ROW = "test conformers"
 TOL, CLASH = 0.1, 0.9  # relative bond tolerance; clash distance in Å
 N_REFERENCES = 16
@@ -198,8 +194,9 @@ def evaluate_chemistry(run_dir: Path, mol, name: str, n_test: int, n_samples: in
     ref = test.numpy()
     E, E_ref = chem.mmff_energies(mol, X), chem.mmff_energies(mol, ref)
     flow = training_status(run_dir / "flow")
-    reweighted = boltzmann_row(model, mol, ref, ESS_SAMPLES.get(exp.geometry, n_ess) or n_samples,
-                               kT=chem_kT(exp), device=device)  # fmt: skip
+    # a ShapeFlow's exact density costs an ODE solve with the divergence per sample
+    n = n_samples if exp.geometry == "internal" else n_ess
+    reweighted = boltzmann_row(model, mol, ref, n, kT=chem_kT(exp), device=device)
     c3 = time.process_time()
     return {
         **reweighted, "eval_cpu_minutes": (c3 - c0) / 60,

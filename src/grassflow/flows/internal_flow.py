@@ -308,7 +308,9 @@ class InternalFlow(nn.Module):
         """The base mixture fitted to the whitened training data ``w: (N, m)``: k-means
         (Lloyd, from evenly spaced points), then EM with full, ridged covariances."""
         logits, loc, diag, tril = self.flow.base.phi
-        K = len(logits)
+        # at least 4 m points per fitted component (few molecules: fewer components; the
+        # rest keep a negligible weight), or EM fits each cluster's noise
+        K = max(1, min(len(logits), len(w) // (4 * w.shape[1])))
         centers = w[torch.linspace(0, len(w) - 1, K).long()].clone()
         for _ in range(iterations):
             match = torch.cdist(w, centers).argmin(-1)
@@ -328,10 +330,14 @@ class InternalFlow(nn.Module):
             log_n = -0.5 * z.square().sum(1).T - L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
             resp = torch.softmax(log_n + (n_k / n_k.sum()).log(), dim=-1)
         lower = torch.tril(torch.ones(m, m, dtype=torch.bool, device=w.device), -1)
-        logits.copy_(n_k.log())
-        loc.copy_(mean)
-        diag.copy_(L.diagonal(dim1=-2, dim2=-1).log())
-        tril.copy_(L[:, lower])
+        logits.fill_(-30.0)
+        loc.zero_()
+        diag.zero_()
+        tril.zero_()
+        logits[:K] = n_k.log()
+        loc[:K] = mean
+        diag[:K] = L.diagonal(dim1=-2, dim2=-1).log()
+        tril[:K] = L[:, lower]
 
     def _swapped(self, P: Tensor, swap: Tensor) -> Tensor:
         """``P: (B, n, 3)`` with the labels of each pair of `ZMatrix.swaps` exchanged where
