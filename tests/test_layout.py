@@ -1,5 +1,6 @@
 """The package's layout rules: the library never imports the paper's reproduction, no module
-imports another's private names, no two modules share a name, and every run kind resolves."""
+imports another's private names, no two modules share a name, no two modules import each other
+(directly or round a longer circle), and every run kind resolves."""
 
 import ast
 import dataclasses
@@ -77,6 +78,128 @@ def test_no_two_modules_share_a_name():
             if path.name != "__init__.py":
                 names.setdefault(path.stem, []).append(str(path.relative_to(SRC)))
     assert {n: p for n, p in names.items() if len(p) > 1} == {}
+
+
+def _import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Each module's imports of modules under ``root`` (``"grassflow.data.point_clouds"``;
+    a package is its ``__init__``): every ``import`` and ``from ... import`` in the file,
+    those inside functions included (a lazy import closes a circle as surely as a top-level
+    one, only later), except those under ``if TYPE_CHECKING:``, which never run (they are
+    how an annotation names a class without importing its module). ``from p import m`` is an
+    import of the submodule ``p.m`` when there is one, else of ``p``. The parent packages
+    that importing ``p.m`` runs first are not counted: every module would close a circle
+    with its own package's ``__init__``."""
+    files = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+                for stmt in node.body for n in ast.walk(stmt)}  # fmt: skip
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name in files}
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    sub = f"{module}.{alias.name}"
+                    found |= {sub} if sub in files else {module} & files.keys()
+        graph[name] = found - {name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: one list of modules per strongly connected component
+    of more than one module (Tarjan's algorithm), each a path ``a -> b -> ... -> a``."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while not component or w != v:
+                w = stack.pop()
+                component.add(w)
+            if len(component) > 1:
+                circles.append(_path_round(graph, min(component), component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def _path_round(graph: dict[str, set[str]], start: str, within: set[str]) -> list[str]:
+    """A shortest import path from ``start`` back to itself through ``within``."""
+    paths, seen = [[start]], set()
+    while paths:
+        path = paths.pop(0)
+        for w in sorted(graph[path[-1]] & within):
+            if w == start:
+                return [*path, start]
+            if w not in seen:
+                seen.add(w)
+                paths.append([*path, w])
+    raise AssertionError(f"{start} is on no circle")
+
+
+def test_data_modules_import_each_other_one_way_only():
+    """Catches issue 42's import circle coming back: `grassflow.data.molecule_files` imported
+    `PointClouds` from `grassflow.data.point_clouds`, which imported `read_sdf` and
+    `npz_chemistry` from it inside functions. Now `cloud_chemistry` defines the data and
+    imports no other data module, and the file readers import it, never the other way."""
+    graph = _import_graph(SRC, ("grassflow",))
+    data = {m: {w for w in ws if w.startswith("grassflow.data")} for m, ws in graph.items()
+            if m.startswith("grassflow.data")}  # fmt: skip
+    assert _circles(data) == []
+    assert data["grassflow.data.cloud_chemistry"] == set()
+    assert "grassflow.data.point_clouds" not in data["grassflow.data.molecule_files"]
+
+
+def test_no_import_circles_in_the_library():
+    """Catches any two modules of `grassflow` or `grassflow_paper` that import each other,
+    directly or round a longer circle, lazily inside a function or not (`if TYPE_CHECKING:`
+    imports excepted, see `_import_graph`): which module is half-initialised when the other
+    asks it for a name then depends on which one was imported first."""
+    assert _circles(_import_graph(SRC, ("grassflow", "grassflow_paper"))) == []
+
+
+def test_the_circle_finder_sees_lazy_imports_and_skips_type_checking(tmp_path):
+    """Catches a circle finder that would pass any package: one that misses imports inside
+    functions, relative or submodule imports, or counts `if TYPE_CHECKING:` ones."""
+    files = {
+        "__init__.py": "from .a import A\n",
+        "a.py": "from . import b\nA = 1\n",
+        "b.py": "def f():\n    from .c import g\n    return g\n",
+        "c.py": "import pkg.a\ndef g():\n    pass\n",
+        "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .e import E\n",
+        "e.py": "from pkg.d import TYPE_CHECKING\nE = 1\n",
+    }
+    (tmp_path / "pkg").mkdir()
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).write_text(text)
+    graph = _import_graph(tmp_path, ("pkg",))
+    assert graph["pkg.d"] == set() and graph["pkg.e"] == {"pkg.d"}
+    assert _circles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
 
 
 def test_every_run_kind_resolves_and_the_cli_finds_reproduce():

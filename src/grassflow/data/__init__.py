@@ -4,12 +4,13 @@ their bonds) and conformer ensembles of their molecules. The Grassmann represent
 clouds is `grassflow.manifolds.shape_space`.
 """
 
+from .cloud_chemistry import PointClouds
 from .conformers import ConformerEnsemble, conformer_ensemble
 from .mcmc import make_dataset, sample_mcmc
 from .molecule_files import read_sdf, write_sdf
 from .particle_files import load_splits
 from .particles import get_system
-from .point_clouds import PointClouds, load_point_clouds, save_clouds, write_xyz
+from .point_clouds import load_point_clouds, save_clouds, write_xyz
 from .qm9 import load_qm9_positional
 from .textures import TEXTURES, sample_texture, texture_splits
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .point_clouds import PointClouds
+from .cloud_chemistry import PointClouds
 
 __all__ = ["KB_KCAL", "ConformerEnsemble", "cached_ensemble", "conformer_ensemble",
            "load_ensemble", "save_ensemble"]  # fmt: skip

@@ -1,5 +1,9 @@
-"""Users' own point clouds (``.npy``, ``.npz``, ``.xyz``, ``.sdf``) for a shape model, and an
-xyz writer.
+"""Reading users' own point clouds (``.npy``, ``.npz``, ``.xyz``, ``.sdf``) for a shape model,
+and writing them as ``.xyz``.
+
+This module reads and writes files; what the clouds carry (`PointClouds`, element symbols,
+bond tables and their checks) is defined in `grassflow.data.cloud_chemistry`, and SDF files
+are read by `grassflow.data.molecule_files.read_sdf`. It imports both; neither imports it.
 
 A shape model is a density on centred clouds of ``n`` points in ``d`` dimensions; internally a
 cloud is a point of the com-free Grassmann Gr(d, n - 1), so every cloud needs ``n >= d + 2``
@@ -14,8 +18,8 @@ all clouds) or ``(N, n)`` (per cloud).
 
 Molecules keep their bonds: an ``.sdf`` (every record a conformer of one molecule) or an
 ``.npz`` with ``bonds`` fills the chemistry fields of `PointClouds` (``bonds``,
-``bond_orders``, ``molblock``, ``smiles``); `grassflow.data.molecule_files` reads, checks and
-writes them.
+``bond_orders``, ``molblock``, ``smiles``), checked by
+`grassflow.data.cloud_chemistry.npz_chemistry` and `grassflow.data.cloud_chemistry.bond_table`.
 
 xyz frames are the standard ``count`` line, comment line, then ``count`` lines
 ``Symbol x y z [extra columns]``; the symbol may be an element (``C``, ``cl``), an atomic
@@ -29,71 +33,25 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..manifolds.shape_space import full_rank
+from .cloud_chemistry import ELEMENTS, PointClouds, element_symbol, npz_chemistry
+from .molecule_files import SDF_SUFFIXES, read_sdf
 
 __all__ = [
+    # defined in grassflow.data.cloud_chemistry; importable from here as before
     "ELEMENTS",
     "PointClouds",
     "element_symbol",
+    # this module's own
     "load_point_clouds",
     "save_clouds",
     "write_xyz",
 ]
-
-_SYMBOLS = (
-    "X H He Li Be B C N O F Ne Na Mg Al Si P S Cl Ar K Ca "
-    "Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As Se Br Kr Rb Sr Y Zr Nb Mo Tc Ru Rh Pd Ag Cd "
-    "In Sn Sb Te I Xe Cs Ba La Ce Pr Nd Pm Sm Eu Gd Tb Dy Ho Er Tm Yb Lu Hf Ta W Re Os "
-    "Ir Pt Au Hg Tl Pb Bi Po At Rn Fr Ra Ac Th Pa U Np Pu Am Cm Bk Cf Es Fm Md No Lr Rf "
-    "Db Sg Bh Hs Mt Ds Rg Cn Nh Fl Mc Lv Ts Og"
-).split()
-#: element symbol -> atomic number (``X``, a dummy or unknown atom, is 0)
-ELEMENTS: dict[str, int] = {s: z for z, s in enumerate(_SYMBOLS)}
-_SYMBOL_OF: dict[int, str] = {z: s for s, z in ELEMENTS.items()}
-
-
-def element_symbol(label: int) -> str:
-    """The xyz symbol of a label: its element for 1 to 118, ``X`` for 0, and the integer
-    itself (``"-1"``, ``"200"``) for labels that are not atomic numbers, which
-    `load_point_clouds` reads back as the same label."""
-    return _SYMBOL_OF.get(int(label), str(int(label)))
-
-
-@dataclass
-class PointClouds:
-    """Point clouds as read from a file or folder.
-
-    Attributes:
-        positions: ``(N, n, d)`` float64 positions, as read (not centred).
-        labels: ``(N, n)`` int64 per-point labels (atomic numbers for ``.xyz``), or ``None``.
-        sources: ``N`` strings naming where each cloud came from, e.g. ``"mols/a.xyz#frame2"``
-            or ``"shapes.npy[17]"``.
-        skipped: human-readable lines, one per dropped cloud: its source and why.
-        labels_from: where the labels came from (``"shapes_Z.npy"``, ``"shapes.npz:labels"``,
-            ``"xyz element symbols"``, ``"sdf atoms"``), or None.
-        bonds: ``(B, 2)`` int64 atom index pairs ``i < j``, sorted, no duplicates, of the one
-            molecule all clouds are conformers of; None for clouds without a graph.
-        bond_orders: ``(B,)`` float64 orders 1, 2, 3 or 1.5 (aromatic), or None.
-        molblock: an MDL V2000 molblock of the first cloud (bonds, charges, explicit
-            hydrogens) from which RDKit rebuilds the molecule, or None.
-        smiles: the molecule's SMILES, or None.
-    """
-
-    positions: np.ndarray
-    labels: np.ndarray | None
-    sources: list[str]
-    skipped: list[str]
-    labels_from: str | None = None
-    bonds: np.ndarray | None = None
-    bond_orders: np.ndarray | None = None
-    molblock: str | None = None
-    smiles: str | None = None
 
 
 def load_point_clouds(
@@ -127,7 +85,7 @@ def load_point_clouds(
             non-finite values, fewer than ``d + 2`` points, every cloud rank deficient,
             labels that are not integers or do not fit the clouds' shape, labels and
             atomic numbers that disagree, a bad bond table (see
-            `grassflow.data.molecule_files.bond_table`), bonds without labels, or an SDF
+            `grassflow.data.cloud_chemistry.bond_table`), bonds without labels, or an SDF
             that is not conformers of one molecule with 3-D coordinates.
         ImportError: an ``.sdf`` without RDKit installed.
     """
@@ -157,10 +115,8 @@ def load_point_clouds(
         P, labels, name, chem = _load_npz(path, key)
         sources = [f"{path.name}:{name}[{i}]" for i in range(len(P))] if P.ndim else []
         labels_from = None if labels is None else f"{path.name}:labels"
-    elif suffix in (".sdf", ".sd", ".mol"):
-        from .molecule_files import read_sdf  # RDKit, imported only for molecules
-
-        pc = read_sdf(path)
+    elif suffix in SDF_SUFFIXES:
+        pc = read_sdf(path)  # imports RDKit, only for molecules
         P, labels, sources, labels_from = pc.positions, pc.labels, pc.sources, pc.labels_from
         chem = {k: getattr(pc, k) for k in ("bonds", "bond_orders", "molblock", "smiles")}
     else:
@@ -183,8 +139,6 @@ def _npz_molecule(
     path: Path, chem: dict, labels: np.ndarray | None, labels_from: str | None, shape: tuple
 ) -> tuple[np.ndarray | None, str | None, dict]:
     """Labels merged with ``atomic_numbers``, and the chemistry fields of an ``.npz``."""
-    from .molecule_files import npz_chemistry
-
     if "atomic_numbers" in chem:
         Z = _check_labels(f"{path} (atomic_numbers)", chem.pop("atomic_numbers"), shape)
         if labels is not None and not np.array_equal(labels, Z):

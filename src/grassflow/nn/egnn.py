@@ -25,7 +25,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from ..data.molecule_files import BOND_ORDERS, bond_table
+from ..data.cloud_chemistry import BOND_ORDERS, bond_table
 
 __all__ = ["EGNNField", "bond_graph_features", "graph_distances"]
 
