@@ -4,8 +4,9 @@ Run from the repository root: ``python tests/mutation_audit.py [--only NAME ...]
 mutation is applied to a copy of ``src/`` and ``tests/`` in a temporary folder (the working
 tree is never touched), the quick tests of the files it concerns run there, and the script
 prints which tests failed. It exits 1 if a mutation survives. The list holds the bugs of
-the audits of issues 20, 33 and 42 and bugs planted in issue 41's code (the Z-matrix, the
-volume, the torus map, the symmetrization, ring closure, the reweighting); add one whenever
+the audits of issues 20, 33 and 42, bugs planted in issue 41's code (the Z-matrix, the
+volume, the torus map, the symmetrization, ring closure, the reweighting) and in issue 42's
+(the training loop's order, the data modules); add one whenever
 a bug slips past the quick loop. The
 two-part model's (``TwoPartShapeFlow``, the Gram densities) live in ``grassflow_paper`` since
 issue 34.
@@ -174,6 +175,30 @@ MUTATIONS = {
         "log_target = np.where(ok, -np.where(ok, E, 0.0) / kT, -np.inf)",
         "log_target = np.where(ok, -np.where(ok, E, 0.0) / (2 * kT), -np.inf)",
         ["tests/test_reweight.py"]),
+    # issue 42's loop as a short sequence (training/loop.py), planted
+    "train: the final checkpoint written before the call's end is recorded": (
+        "grassflow/training/loop.py",
+        "            if final:\n                run.end(out_of_budget)\n"
+        "            if done % config.checkpoint_every == 0 or final:\n                run.checkpoint()\n",
+        "            if done % config.checkpoint_every == 0 or final:\n                run.checkpoint()\n"
+        "            if final:\n                run.end(out_of_budget)\n",
+        ["tests/test_training.py", "tests/test_loop_parts.py", "tests/test_budgets.py", "tests/test_validation.py"]),
+    "train: a validation due between two log lines is skipped": (
+        "grassflow/training/loop.py", "if done % config.log_every == 0 or final or val_due:",
+        "if done % config.log_every == 0 or final:", ["tests/test_training.py", "tests/test_loop_parts.py", "tests/test_budgets.py", "tests/test_validation.py"]),
+    "train: Ctrl-C during an update saves the half-updated model": (
+        "grassflow/training/loop.py", "if not (self.updating or self.parallel):",
+        "if not self.parallel:", ["tests/test_training.py", "tests/test_loop_parts.py", "tests/test_budgets.py", "tests/test_validation.py"]),
+    "train: Ctrl-C saves the RNG after the step it cut short, not before": (
+        "grassflow/training/loop.py", "self.checkpoint(self.step_rng)", "self.checkpoint()",
+        ["tests/test_training.py", "tests/test_loop_parts.py", "tests/test_budgets.py", "tests/test_validation.py"]),
+    "train: the learning-rate schedule never steps": (
+        "grassflow/training/loop.py",
+        "        if self.scheduler is not None:\n            self.scheduler.step()\n", "", ["tests/test_training.py", "tests/test_loop_parts.py", "tests/test_budgets.py", "tests/test_validation.py"]),
+    "train: validation of the raw weights when an EMA is kept": (
+        "grassflow/training/loop.py",
+        "with nullcontext() if self.ema is None else self.ema.applied():",
+        "with nullcontext():", ["tests/test_training.py", "tests/test_loop_parts.py", "tests/test_budgets.py", "tests/test_validation.py"]),
 }  # fmt: skip
 
 

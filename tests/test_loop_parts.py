@@ -211,6 +211,36 @@ def test_ctrl_c_saves_and_resumes_bit_identically(tmp_path, where):
     assert_identical(params(resumed), params(ref))
 
 
+def test_ctrl_c_during_an_update_saves_the_last_finished_step_not_a_half_updated_model(
+        tmp_path, monkeypatch):  # fmt: skip
+    # catches: Ctrl-C inside optimizer.step() saving parameters that are half updated (the
+    # checkpoint would then hold a model that no uninterrupted run ever had)
+    data, cfg = dataset(50), config(checkpoint_every=10)
+    adam_step, calls = torch.optim.Adam.step, [0]
+
+    def cut_short(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 13:  # the 13th update: one parameter moved, then Ctrl-C
+            self.param_groups[0]["params"][0].data.add_(1.0)
+            raise KeyboardInterrupt
+        return adam_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", cut_short)
+    with pytest.raises(TrainingInterrupted, match="at iteration 10") as info:
+        train(Watson(), data, cfg, tmp_path / "run", progress=False)
+    assert info.value.iteration == 10
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["iteration"] == 10
+
+
+def test_the_learning_rate_steps_down_every_lr_step_iterations(tmp_path):
+    # catches: the step-decay schedule never stepped (or stepped before the update it belongs
+    # to): each metrics line records the lr its update used, lr * gamma^floor((i - 1) / step)
+    cfg = config(lr=0.04, lr_step=4, lr_gamma=0.5, iterations=10)
+    train(Watson(), dataset(50), cfg, tmp_path / "run", progress=False)
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
+    assert lrs == [0.04 * 0.5 ** ((i - 1) // 4) for i in range(1, 11)]
+
+
 def test_cli_reports_ctrl_c_in_one_line(tmp_path, monkeypatch, capsys):
     # catches: a raw traceback on Ctrl-C, or a line that does not say how to go on
     from grassflow.cli import main

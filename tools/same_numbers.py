@@ -35,6 +35,7 @@ CASES = {  # name: train arguments (the run directory is appended)
     # (the two-part ShapeFlow's cases, shapes-egnn-distance and shapes-graph-wishart, left
     # with it in issue 34: `train --data` now trains the one flow on the cloud alone)
     "equivariant-cnf": ["--data", "{clouds}", "--model", "equivariant-cnf", "--iterations", "60"],
+    "molecule-internal": ["--data", "{butane}", "--iterations", "60"],  # InternalFlow's default
 }  # fmt: skip
 
 
@@ -47,6 +48,15 @@ def clouds(path: Path) -> Path:
     t = rng.uniform(0, 2 * np.pi, 240)
     R = np.stack([np.cos(t), -np.sin(t), np.sin(t), np.cos(t)], -1).reshape(-1, 2, 2)
     np.save(path, X @ R + rng.standard_normal((240, 1, 2)))
+    return path
+
+
+def butane(path: Path) -> Path:
+    """300 MMFF94 conformers of butane (RDKit), made once with this tree's code."""
+    if not path.exists():
+        run(ROOT / "src", ["data", "conformers", "CCCC", "--n", "300", "--chains", "4",
+                           "--burn-in", "200", "--thin", "10", "--out", str(path),
+                           "--no-progress"], path.with_suffix(".log"))  # fmt: skip
     return path
 
 
@@ -86,6 +96,7 @@ def main() -> None:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
                         args.old], check=True)  # fmt: skip
     data = clouds(out / "pentagons.npy")
+    molecule = butane(out / "butane.npz") if "molecule-internal" in args.cases else None
     sources = {"old": tree / "src", "new": ROOT / "src"}
     rows = []
     for case in args.cases:
@@ -96,7 +107,7 @@ def main() -> None:
         for which, src in sources.items():
             run_dir = out / which / case
             if not (run_dir / "eval.json").exists():
-                train = [a.format(clouds=data, klein=KLEIN) for a in CASES[case]]
+                train = [a.format(clouds=data, klein=KLEIN, butane=molecule) for a in CASES[case]]
                 run(src, ["train", *train, "--run-dir", str(run_dir), "--no-progress"],
                     out / f"{which}.log")  # fmt: skip
                 run(src, ["eval", str(run_dir), "--n-samples", "100"], out / f"{which}.log")
