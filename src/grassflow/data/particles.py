@@ -20,7 +20,7 @@ divides by 2 (each pair once, ``pairs="unique"``), while DEM's copy of it (used 
 Klein et al. 2023 data) drops the ``/ 2`` by default (``energy_factor=1``) and notes that
 0.5 matches the E-ACF energy. The default here is the ordered, double-counted sum
 (``pairs="ordered"``): the reference samples of Klein et al. (2023) follow it, with
-``<x . grad U> ~ 36 = (n - 1) d`` at equilibrium (``benchmarks/lj_convention.py``).
+``<x . grad U> ~ 36 = (n - 1) d`` at equilibrium (``experiments/datasets/lj_convention.py``).
 
 References:
     Köhler, Klein, Noé. Equivariant Flows: Exact Likelihood Generative Learning for
