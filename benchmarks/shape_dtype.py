@@ -4,7 +4,7 @@ thread. Issue 35 chose float32 training from it::
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/shape_dtype.py FILE.npz
 
-(FILE: e.g. the cyclohexanol ensemble that ``benchmarks/real_molecules.py`` caches.)
+(FILE: e.g. the cyclohexanol ensemble that ``experiments/molecules/real_molecules.py`` caches.)
 """
 
 from __future__ import annotations

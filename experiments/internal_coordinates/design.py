@@ -2,7 +2,7 @@
 one choice switched off, trained alike for a fixed CPU budget, scored alike.
 
 Run (one core; about 2 CPU minutes per variant and molecule; the data are the conformer
-ensembles of ``benchmarks/real_molecules.py``, made there or here)::
+ensembles of ``experiments/molecules/real_molecules.py``, made there or here)::
 
     PYTHONPATH=src python experiments/internal_coordinates/design.py \\
         --molecules butane cyclohexanol --seconds 60 --out results/internal_design

@@ -1,6 +1,6 @@
 """Does ``torch.compile`` speed up the forward-Laplacian field (issue 15)? One run, one thread.
 
-    PYTHONPATH=src python benchmarks/compile_check.py
+    PYTHONPATH=src python experiments/torch_compile/compile_check.py
 
 Times ``GrassmannField._forward_laplacian`` eager and compiled (``dynamic=False``): field and
 divergence without grad, and with a backward pass (one MLE-style step of the field alone), for

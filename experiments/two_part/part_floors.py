@@ -1,7 +1,7 @@
 """The Boltzmann density's own split into the two-part ShapeFlow's parts: how low each part can
 go.
 
-Run: ``PYTHONPATH=src python benchmarks/part_floors.py [--systems dw4 lj13] [--samples 4096]``.
+Run: ``PYTHONPATH=src python experiments/two_part/part_floors.py [--systems dw4 lj13] [--samples 4096]``.
 
 The two-part ShapeFlow's NLL (`grassflow_paper.two_part`, the paper's model) of a centred cloud
 is Grassmann + Gram + Jacobian: ``-log p_Gr([Y]) - log p(S | Y) + J(S)``

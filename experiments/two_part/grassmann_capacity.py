@@ -3,7 +3,7 @@
 The model is the paper's (`grassflow_paper.two_part`, trained by `grassflow_paper.vs_enf`),
 out of the library since issue 34.
 
-Run: ``PYTHONPATH=src python benchmarks/grassmann_capacity.py [--system lj13] [--minutes 4]``.
+Run: ``PYTHONPATH=src python experiments/two_part/grassmann_capacity.py [--system lj13] [--minutes 4]``.
 
 On LJ13 the flow's validation NLL reaches about -5.0 within 400 flow-matching steps and then
 stays there for 13,000 more (20 CPU minutes), with independent and with relabelled pairs

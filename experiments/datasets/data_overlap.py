@@ -12,7 +12,7 @@ QM9 positional is E-NF's split of the 19-atom molecules, centred, as
 
 Writes ``results/data_overlap.json`` and ``results/data_overlap.md``::
 
-    PYTHONPATH=src python benchmarks/data_overlap.py [--qm9-cache data] [--out results]
+    PYTHONPATH=src python experiments/datasets/data_overlap.py [--qm9-cache data] [--out results]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from grassflow.data.particle_files import shared_data_dir
 from grassflow.data.qm9 import load_qm9_positional
 from grassflow_paper.vs_enf import ENF_SPLITS, KLEIN_DIR, SHAPES, load_enf_splits
 
-COMMAND = "PYTHONPATH=src python benchmarks/data_overlap.py"
+COMMAND = "PYTHONPATH=src python experiments/datasets/data_overlap.py"
 N_TRAIN = {"dw4": (1000, 10_000, 100_000), "lj13": (10, 100, 1000)}  # LJ13 adds its maximum
 ATOLS = (1e-4, 1e-2)  # up-to-symmetry tolerances, in the units of the coordinates
 

@@ -9,9 +9,9 @@ Grassmann test NLL is evaluated exactly on the first ``--n-test`` test configura
 the ODE's NFE. Resumable: rerunning continues the runs in ``--runs`` (a larger ``--minutes``
 trains further) and re-evaluates.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/shape_potentials.py \
+    OMP_NUM_THREADS=1 PYTHONPATH=src python experiments/two_part/shape_potentials.py \
         --out results/shape_potentials --minutes 3      # ~25 min on one core
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/shape_potentials.py --systems qm9 \
+    OMP_NUM_THREADS=1 PYTHONPATH=src python experiments/two_part/shape_potentials.py --systems qm9 \
         --minutes 5 --runs runs/shape_potentials_qm9    # then --minutes 20: continues the runs
 
 Results accumulate in ``shape_potentials.json``, one row per system, potential and budget.

@@ -3,7 +3,7 @@ iteration: ``best.pt`` (the average, when the last validation was the best) agai
 ``last.pt`` (the raw parameters), by the exact NLL of the first 100 test conformers and the
 bonds kept and clashes of 1,000 samples::
 
-    PYTHONPATH=src python benchmarks/ema_vs_raw.py RUN_DIR
+    PYTHONPATH=src python experiments/molecules/ema_vs_raw.py RUN_DIR
 """
 
 from __future__ import annotations

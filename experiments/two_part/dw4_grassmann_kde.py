@@ -6,7 +6,7 @@ mixture over the training normals; its concentration is selected on the validati
 its NLL reported on the test split, in nats w.r.t. the same measure as the flow's Grassmann
 term (the uniform density is log 2 pi = 1.838)::
 
-    PYTHONPATH=src python benchmarks/dw4_grassmann_kde.py [--n-train 1000]
+    PYTHONPATH=src python experiments/two_part/dw4_grassmann_kde.py [--n-train 1000]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How low can the two-part model's Gram part go? The Gram density alone, more data and longer
 training.
 
-Run: ``PYTHONPATH=src python benchmarks/gram_bound.py [--systems dw4 lj13] [--minutes 10]``.
+Run: ``PYTHONPATH=src python experiments/two_part/gram_bound.py [--systems dw4 lj13] [--minutes 10]``.
 
 The two-part ShapeFlow (the paper's, `grassflow_paper.two_part`; out of the library since
 issue 34) has a Cartesian NLL of Grassmann + Gram + Jacobian, and the Gram part (the density of
@@ -14,7 +14,7 @@ NLL part on the 1,000 test rows. It separates "the Wishart family cannot represe
 the span" (more data and time do not help) from "it does not learn fast enough", and puts
 beside it another family, `grassflow_paper.gram_densities.DistanceGram` (a log-normal around a
 least-squares fit of learned pair distances, with per-pair precisions). The floor that no
-conditional can beat is ``benchmarks/part_floors.py``'s.
+conditional can beat is ``experiments/two_part/part_floors.py``'s.
 Runs are resumable (``runs/gram_bound``); results go to ``results/gram_bound.{json,md}``.
 """
 

@@ -6,7 +6,7 @@ The runs are ``grassflow reproduce vs-enf --systems qm9`` run directories, whose
 saved 1,000 samples as ``samples.npy`` (and, for runs with ``--atom-types``, their atom
 types as ``sample_labels.npy``: those atoms are drawn by element)::
 
-    PYTHONPATH=src python benchmarks/qm9_figure5.py grassmann=RUN_DIR \\
+    PYTHONPATH=src python experiments/vs_enf/qm9_figure5.py grassmann=RUN_DIR \\
         --out results/vs_enf/qm9_figure5_geometries.png
 """
 

@@ -1,6 +1,6 @@
 """GPU check: the same model gives the same numbers on CUDA as on the CPU (float64).
 
-Run on a machine with a GPU:  ``PYTHONPATH=src python benchmarks/device_check.py``.
+Run on a machine with a GPU:  ``PYTHONPATH=src python tools/device_check.py``.
 Prints one line per check and exits non-zero if any fails. Not part of CI (no GPU there).
 """
 

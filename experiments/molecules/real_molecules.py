@@ -4,12 +4,12 @@
 Run (one core, 20 CPU minutes of training and validation per run, then the evaluation; about
 40 minutes per molecule and model)::
 
-    PYTHONPATH=src python benchmarks/real_molecules.py --minutes 20 \\
+    PYTHONPATH=src python experiments/molecules/real_molecules.py --minutes 20 \\
         --runs runs/real_molecules --out results
 
 Smoke test (200 conformers, 0.2 training minutes, small evaluation; a few minutes)::
 
-    PYTHONPATH=src python benchmarks/real_molecules.py --smoke \\
+    PYTHONPATH=src python experiments/molecules/real_molecules.py --smoke \\
         --runs runs/realmol_smoke --out runs/realmol_smoke
 
 For each molecule (``--molecules``: n-butane 14 atoms, glycerol 14, alanine dipeptide 22,

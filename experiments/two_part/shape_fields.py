@@ -1,6 +1,6 @@
 """What the two-part ShapeFlow's Grassmann fields cost: a flow-matching step, an exact divergence.
 
-Run: ``PYTHONPATH=src python benchmarks/shape_fields.py [--n 13 --d 3 --repeats 7]``.
+Run: ``PYTHONPATH=src python experiments/two_part/shape_fields.py [--n 13 --d 3 --repeats 7]``.
 
 For the graph potential's gradient (forward-Laplacian divergence) and the EGNN's horizontal
 field (exact trace by k(n - 1 - k) forward-mode products), on Gr(d, n - 1) at initialization:

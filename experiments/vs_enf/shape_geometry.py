@@ -1,7 +1,7 @@
 """The two geometries' conditional paths on real data (issue 34, "why the winner wins").
 
-Run: ``PYTHONPATH=src python benchmarks/shape_geometry.py [--systems dw4 lj13]
-[--out results/benchmarks]`` (under a CPU minute per system, one thread).
+Run: ``PYTHONPATH=src python experiments/vs_enf/shape_geometry.py [--systems dw4 lj13]
+[--out results]`` (under a CPU minute per system, one thread).
 
 For minibatches of training clouds, paired with prior clouds exactly as training pairs them
 (equivariant OT: the assignment by the Procrustes cost, then x1 relabelled and rotated to
@@ -74,7 +74,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--systems", nargs="+", default=["dw4", "lj13"])
     p.add_argument("--batches", type=int, default=20)
-    p.add_argument("--out", default="results/benchmarks")
+    p.add_argument("--out", default="results")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
@@ -84,7 +84,7 @@ def main(argv=None) -> None:
             rows.append({"system": system, "geometry": geometry, "pairs": len(x0),
                          **measure(x0, x1, geometry, 64)})  # fmt: skip
             print(rows[-1], flush=True)
-    command = "PYTHONPATH=src python benchmarks/shape_geometry.py " + shlex.join(
+    command = "PYTHONPATH=src python experiments/vs_enf/shape_geometry.py " + shlex.join(
         sys.argv[1:] if argv is None else argv
     )
     out = Path(args.out)

@@ -3,7 +3,7 @@ squared distance between prior clouds and their equivariant-OT-aligned molecules
 relabelling may swap any two atoms (the positional model) or only atoms of one element (the
 model conditioned on atom types, ``reproduce vs-enf --atom-types``)::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/qm9_coupling.py [--cache data]
+    OMP_NUM_THREADS=1 PYTHONPATH=src python experiments/vs_enf/qm9_coupling.py [--cache data]
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ means; the noise floor is the same comparison between the two halves of the refe
 vs 5k) and between its test and val files (10k vs 10k). Writes
 ``results/lj_convention.{json,md,png}``::
 
-    PYTHONPATH=src python benchmarks/lj_convention.py [--n 10000] [--burn-in 6000]
+    PYTHONPATH=src python experiments/datasets/lj_convention.py [--n 10000] [--burn-in 6000]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from grassflow.data.particles import PAIR_CONVENTIONS, lj13_energy, pair_distanc
 from grassflow.metrics import energy_w1, finite_energies
 from grassflow.viz import draw_histograms
 
-COMMAND = "PYTHONPATH=src python benchmarks/lj_convention.py"
+COMMAND = "PYTHONPATH=src python experiments/datasets/lj_convention.py"
 KLEIN = "alt_klein2023_from_DEM"
 DOF = 36  # (n - 1) d for 13 particles in 3-D
 

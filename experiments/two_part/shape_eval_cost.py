@@ -2,7 +2,7 @@
 paper's, `grassflow_paper.two_part`), forward Laplacian vs Hessian-vector products (issues
 13 and 15). One thread, float64, untrained graph potential.
 
-    PYTHONPATH=src python benchmarks/shape_eval_cost.py
+    PYTHONPATH=src python experiments/two_part/shape_eval_cost.py
 
 Each (system, chunk, path) runs in a fresh process, so ``ru_maxrss`` growth is its own (an
 upper bound on what the tensors need: it includes allocator caching).

@@ -1,6 +1,6 @@
 """Tuning the equivariant flow-matching baseline (EFM) on the vs-E-NF protocol.
 
-Run: ``PYTHONPATH=src python benchmarks/efm_tuning.py [--systems dw4 lj13] [--minutes 2]``.
+Run: ``PYTHONPATH=src python experiments/vs_enf/efm_tuning.py [--systems dw4 lj13] [--minutes 2]``.
 
 One factor at a time around EFM's own settings (EGNN 32 x 3, lr 1e-3, batch 64, equivariant
 OT): learning rate, batch size, coupling, width and depth. Each setting trains for
