@@ -175,6 +175,12 @@ MUTATIONS = {
         "log_target = np.where(ok, -np.where(ok, E, 0.0) / kT, -np.inf)",
         "log_target = np.where(ok, -np.where(ok, E, 0.0) / (2 * kT), -np.inf)",
         ["tests/test_reweight.py"]),
+    # issue 42's data modules (data/cloud_chemistry.py), planted
+    "bond table: orders not permuted with their sorted bonds": (
+        "grassflow/data/cloud_chemistry.py", "return ij, None if o is None else o[perm]",
+        "return ij, o", ["tests/test_molecule_io.py", "tests/test_point_clouds.py", "tests/test_user_data.py"]),
+    "bond table: pairs not put in (i < j) order, so a reversed duplicate passes": (
+        "grassflow/data/cloud_chemistry.py", "    ij = np.sort(ij, axis=1)\n", "", ["tests/test_molecule_io.py", "tests/test_point_clouds.py", "tests/test_user_data.py"]),
     # issue 42's loop as a short sequence (training/loop.py), planted
     "train: the final checkpoint written before the call's end is recorded": (
         "grassflow/training/loop.py",
