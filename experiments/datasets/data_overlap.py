@@ -28,9 +28,9 @@ import numpy as np
 from grassflow.data.overlap import deduplicate, invariant_match_mask, overlap_report
 from grassflow.data.particle_files import shared_data_dir
 from grassflow.data.qm9 import load_qm9_positional
+from grassflow_paper.provenance import command
 from grassflow_paper.vs_enf import ENF_SPLITS, KLEIN_DIR, SHAPES, load_enf_splits
 
-COMMAND = "PYTHONPATH=src python experiments/datasets/data_overlap.py"
 N_TRAIN = {"dw4": (1000, 10_000, 100_000), "lj13": (10, 100, 1000)}  # LJ13 adds its maximum
 ATOLS = (1e-4, 1e-2)  # up-to-symmetry tolerances, in the units of the coordinates
 
@@ -95,7 +95,7 @@ def markdown(result: dict) -> str:
     lines = [
         "# Test configurations that also occur in training or validation",
         "",
-        f"Command (from the repository root): `{COMMAND}`",
+        f"Made by: `{result['command']}` (from the repository root)",
         "",
         "Splits: DW4 and LJ13 as `ENF_SPLITS` in `grassflow_paper.vs_enf` (Klein et al. "
         "2023 files, `../shared/data/alt_klein2023_from_DEM`); QM9 positional as "
@@ -175,7 +175,7 @@ def main() -> None:
     folder = Path(args.data_dir) if args.data_dir else shared / KLEIN_DIR
     t0 = time.perf_counter()
     rows = klein_rows("dw4", folder) + klein_rows("lj13", folder) + qm9_rows(args.qm9_cache)
-    result = {"command": COMMAND, "atol": list(ATOLS), "shapes": SHAPES, "rows": rows,
+    result = {"command": command(), "atol": list(ATOLS), "shapes": SHAPES, "rows": rows,
               "files": file_summary(folder), "seconds": time.perf_counter() - t0}  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -38,8 +38,8 @@ from grassflow.data.particle_files import shared_data_dir
 from grassflow.data.particles import PAIR_CONVENTIONS, lj13_energy, pair_distances
 from grassflow.metrics import energy_w1, finite_energies
 from grassflow.viz import draw_histograms
+from grassflow_paper.provenance import command
 
-COMMAND = "PYTHONPATH=src python experiments/datasets/lj_convention.py"
 KLEIN = "alt_klein2023_from_DEM"
 DOF = 36  # (n - 1) d for 13 particles in 3-D
 
@@ -122,7 +122,7 @@ def markdown(res: dict) -> str:
     lines = [
         "# LJ13: which Lennard-Jones convention generated the Klein et al. (2023) files",
         "",
-        f"Command (from the repository root): `{COMMAND}`",
+        f"Made by: `{res['command']}` (from the repository root)",
         "",
         f"Reference: `{KLEIN}/test_split_LJ13-1000.npy` ({res['n_data']} rows, centred). "
         f"MCMC: `make_dataset('lj13', {res['n']}, seed={res['seed']}, burn_in="
@@ -192,7 +192,7 @@ def main() -> None:
     conclusion = conclude(rows[f"MCMC {better}"], rows[f"MCMC {other}"], floor, better, other,
                           means(data))  # fmt: skip
     res = {
-        "command": COMMAND, "n": args.n, "burn_in": args.burn_in, "seed": args.seed,
+        "command": command(), "n": args.n, "burn_in": args.burn_in, "seed": args.seed,
         "n_data": len(test), "mcmc": mcmc, "rows": rows, "best_convention": better,
         "conclusion": conclusion,
     }  # fmt: skip

@@ -31,6 +31,7 @@ from grassflow.data.molecule_files import find_hand
 from grassflow.flows.internal_flow import InternalFlow, InternalFlowConfig, choose_mirror_row
 from grassflow.manifolds.zmatrix import build_zmatrix
 from grassflow.training.threads import set_threads
+from grassflow_paper import provenance
 
 SMILES = {"butane": "CCCC", "glycerol": "OCC(O)CO", "cyclohexanol": "OC1CCCCC1",
           "l-alanine-dipeptide": "CC(=O)N[C@@H](C)C(=O)NC"}  # fmt: skip
@@ -127,14 +128,12 @@ def main() -> None:
                                                     "l-alanine-dipeptide"):
                 continue  # no ring
             row = run(name, variant, args.seconds, Path(args.data))
+            row["command"] = provenance.command()
             print(json.dumps(row), flush=True)
             rows = [r for r in rows if (r["molecule"], r["variant"], r["seconds"])
                     != (name, variant, args.seconds)] + [row]  # fmt: skip
             path.write_text(json.dumps(rows, indent=1))
-            out.with_suffix(".md").write_text(
-                f"Made by `PYTHONPATH=src python experiments/internal_coordinates/design.py "
-                f"--molecules ... --seconds {args.seconds:g}` (see its docstring).\n\n"
-                + markdown(rows))
+            out.with_suffix(".md").write_text(provenance.made_by(rows) + markdown(rows))
     print(markdown(rows))
 
 

@@ -52,8 +52,9 @@ Ramachandran plot. The issue-22 rows (no bonds, 4 CPU minutes; ``equivariant-cnf
 two-part ``shapeflow`` of commit 3531f93) stay in the file, in their own table; ``--diagnose``
 still explains the two-part model's rows (`diagnose`, with `grassflow_paper.two_part`).
 
-Rows are appended to ``OUT/real_molecules.json`` and ``.md`` as they finish; finished rows
-(same molecule, model, conformers, minutes) are skipped on a rerun.
+Rows are appended to ``OUT/real_molecules.json`` and ``.md`` as they finish, each with the
+command that made it; finished rows (same molecule, model, conformers, minutes) are skipped on
+a rerun.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ from grassflow.tasks import shape_runs as shapes
 from grassflow.tasks.run_dir import read_preset, training_status
 from grassflow.training.rng import seeded_init
 from grassflow.training.threads import set_threads
+from grassflow_paper import provenance
 from grassflow_paper.two_part import (
     DistanceGram,
     TwoPartShapeFlow,
@@ -391,7 +393,8 @@ def chemistry_markdown(rows: list[dict]) -> str:
 def markdown(rows: list[dict]) -> str:
     new = [r for r in rows if "energy_w1" in r]
     old = [r for r in rows if "energy_w1" not in r]
-    parts = [chemistry_markdown(new)] if new else []
+    parts = [provenance.made_by(rows).rstrip("\n") + "\n"]
+    parts += [chemistry_markdown(new)] if new else []
     if old:
         parts += ["Issue 22's rows: no bond graph, 4 CPU minutes.\n", legacy_markdown(old)]
     return "\n".join(parts)
@@ -474,6 +477,7 @@ def main() -> None:
         args.n_conformers, args.minutes, args.n_test, args.n_samples, args.n_val = \
             200, 0.2, 10, 100, 10  # fmt: skip
     set_threads(1)
+    command = provenance.command()
     runs, out = Path(args.runs), Path(args.out)
     pics = out / "real_molecules"
     pics.mkdir(parents=True, exist_ok=True)
@@ -484,6 +488,7 @@ def main() -> None:
 
     def save(row: dict | None = None) -> None:
         if row is not None:
+            row = {**row, "command": command}
             rows.append(row)
             done.add(key(row))
             print(json.dumps(row), flush=True)

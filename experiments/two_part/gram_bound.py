@@ -1,7 +1,8 @@
 """How low can the two-part model's Gram part go? The Gram density alone, more data and longer
 training.
 
-Run: ``PYTHONPATH=src python experiments/two_part/gram_bound.py [--systems dw4 lj13] [--minutes 10]``.
+Run: ``PYTHONPATH=src python experiments/two_part/gram_bound.py [--systems dw4 lj13]
+[--minutes 10]``.
 
 The two-part ShapeFlow (the paper's, `grassflow_paper.two_part`; out of the library since
 issue 34) has a Cartesian NLL of Grassmann + Gram + Jacobian, and the Gram part (the density of
@@ -15,7 +16,8 @@ the span" (more data and time do not help) from "it does not learn fast enough",
 beside it another family, `grassflow_paper.gram_densities.DistanceGram` (a log-normal around a
 least-squares fit of learned pair distances, with per-pair precisions). The floor that no
 conditional can beat is ``experiments/two_part/part_floors.py``'s.
-Runs are resumable (``runs/gram_bound``); results go to ``results/gram_bound.{json,md}``.
+Runs are resumable (``runs/gram_bound``); results go to ``results/gram_bound.{json,md}``, each
+row with the command that made it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from grassflow.training import TrainConfig, load_checkpoint, train
 from grassflow.training.rng import seeded_init
 from grassflow.training.threads import set_threads
+from grassflow_paper import provenance
 from grassflow_paper.two_part import GramTerm, TwoPartShapeFlow
 from grassflow_paper.vs_enf import SHAPES, load_enf_splits
 
@@ -89,6 +92,7 @@ def main() -> None:
         for n in args.n_train:
             for setting in args.settings:
                 r = gram_nll(system, n, setting, args.minutes, Path(args.runs))
+                r["command"] = provenance.command()
                 rows = [o for o in rows if (o["system"], o["setting"], o["n_train"],
                         o["minutes"]) != (system, setting, n, args.minutes)] + [r]  # fmt: skip
                 path.write_text(json.dumps(rows, indent=1))
@@ -100,7 +104,8 @@ def main() -> None:
                      f"({r['n_train_distinct']:,}) | {r['minutes']:g} | {r['iterations']:,} | "
                      f"{r['train_nll_gram']:.2f} | {r['val_nll_gram']:.2f} | "
                      f"{r['test_nll_gram']:.2f} ± {r['test_nll_gram_sem']:.2f} |")  # fmt: skip
-    (Path(args.out) / "gram_bound.md").write_text("\n".join(lines) + "\n")
+    table = provenance.made_by(rows) + "\n".join(lines) + "\n"
+    (Path(args.out) / "gram_bound.md").write_text(table)
     print("\n".join(lines))
 
 

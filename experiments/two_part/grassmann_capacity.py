@@ -3,7 +3,8 @@
 The model is the paper's (`grassflow_paper.two_part`, trained by `grassflow_paper.vs_enf`),
 out of the library since issue 34.
 
-Run: ``PYTHONPATH=src python experiments/two_part/grassmann_capacity.py [--system lj13] [--minutes 4]``.
+Run: ``PYTHONPATH=src python experiments/two_part/grassmann_capacity.py [--system lj13]
+[--minutes 4]``.
 
 On LJ13 the flow's validation NLL reaches about -5.0 within 400 flow-matching steps and then
 stays there for 13,000 more (20 CPU minutes), with independent and with relabelled pairs
@@ -13,7 +14,8 @@ part gets its usual share) and reports the best exact validation NLL of the flow
 validation configurations, and when it was reached. If a larger field goes well below the
 plateau, the default field cannot represent the span's density; if not, the limit lies
 elsewhere (the objective, the time conditioning, the solver tolerance). Runs are resumable
-(``runs/grassmann_capacity``); results go to ``results/grassmann_capacity.{json,md}``.
+(``runs/grassmann_capacity``); results go to ``results/grassmann_capacity.{json,md}``,
+each row with the command that made it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from grassflow.tasks.run_dir import training_status
 from grassflow.training import load_checkpoint
 from grassflow.training.threads import set_threads
-from grassflow_paper import vs_enf
+from grassflow_paper import provenance, vs_enf
 
 SETTINGS = {"graph 32 x 2 (ShapeFlow's)": ("graph", 32, 2), "graph 64 x 3": ("graph", 64, 3),
             "graph 128 x 4": ("graph", 128, 4),
@@ -61,7 +63,8 @@ def main() -> None:
                "potential": potential, "minutes": args.minutes,
                "flow_cpu_minutes": status["cpu_minutes"],
                "iterations": status["iterations"], "best_iteration": int(best["iteration"]),
-               "val_nll_grassmann": best["val_nll"], "curve": curve}  # fmt: skip
+               "val_nll_grassmann": best["val_nll"], "curve": curve,
+               "command": provenance.command()}  # fmt: skip
         rows = [r for r in rows if (r["system"], r["setting"], r["minutes"]) !=
                 (args.system, name, args.minutes)] + [row]  # fmt: skip
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +78,8 @@ def main() -> None:
         lines.append(f"| {r['system']} | {r['setting']} | {r['flow_cpu_minutes']:.1f} | "
                      f"{r['iterations']:,} | {r['best_iteration']:,} | "
                      f"{r['val_nll_grassmann']:.2f} | {early} |")  # fmt: skip
-    (Path(args.out) / "grassmann_capacity.md").write_text("\n".join(lines) + "\n")
+    table = provenance.made_by(rows) + "\n".join(lines) + "\n"
+    (Path(args.out) / "grassmann_capacity.md").write_text(table)
     print("\n".join(lines))
 
 

@@ -1,7 +1,8 @@
 """The Boltzmann density's own split into the two-part ShapeFlow's parts: how low each part can
 go.
 
-Run: ``PYTHONPATH=src python experiments/two_part/part_floors.py [--systems dw4 lj13] [--samples 4096]``.
+Run: ``PYTHONPATH=src python experiments/two_part/part_floors.py [--systems dw4 lj13]
+[--samples 4096]``.
 
 The two-part ShapeFlow's NLL (`grassflow_paper.two_part`, the paper's model) of a centred cloud
 is Grassmann + Gram + Jacobian: ``-log p_Gr([Y]) - log p(S | Y) + J(S)``
@@ -18,7 +19,8 @@ log-normal around the cloud's own S (:func:`~grassflow.distributions.spd.spd_log
 at two proposal widths; they must agree. Z is not needed for the Gram floor; with ``log Z``
 from a run's ``boltzmann.json`` (``--boltzmann``: the importance weights of a trained model,
 :func:`grassflow_paper.boltzmann_report.evaluate`), the Grassmann floor is the rest:
-``floor_total - J - gram_floor``. Results go to ``results/part_floors.{json,md}``.
+``floor_total - J - gram_floor``. Results go to
+``results/part_floors.{json,md}``, each row with the command that made it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from grassflow.distributions.cartesian import log_jacobian_gram
 from grassflow.distributions.spd import spd_lognormal_log_prob, spd_lognormal_sample
 from grassflow.manifolds.shape_space import helmert_basis, shape_factor
 from grassflow.metrics.boltzmann import effective_sample_size
+from grassflow_paper import provenance
 from grassflow_paper.vs_enf import SHAPES, load_enf_splits
 
 ENERGIES = {"dw4": dw4_energy, "lj13": lj13_energy}
@@ -93,6 +96,7 @@ def main() -> None:
     rows = [gram_floor(s, m, tuple(args.sigmas)) for s in args.systems for m in args.samples]
     totals = {b["system"]: b for b in (json.loads(Path(f).read_text()) for f in args.boltzmann)}
     for r in rows:
+        r["command"] = provenance.command()
         if r["system"] in totals:  # the total floor, from a model's importance weights
             total = totals[r["system"]]["boltzmann_test_nll"]
             r.update(total_floor=total, grassmann_floor=total - r["jacobian"] - r["gram_floor"])
@@ -112,7 +116,8 @@ def main() -> None:
         lines.append(f"| {r['system']} | {widths} | {r['samples']:,} | "
                      f"{r['gram_floor']:.2f} ± {r['gram_floor_sem']:.2f} | {r['jacobian']:.2f} "
                      f"| {tot} | {r['ess_fraction_median']:.1%} | {r['ess_fraction_min']:.1%} |")
-    (Path(args.out) / "part_floors.md").write_text("\n".join(lines) + "\n")
+    table = provenance.made_by(rows) + "\n".join(lines) + "\n"
+    (Path(args.out) / "part_floors.md").write_text(table)
     print("\n".join(lines))
 
 

@@ -14,7 +14,8 @@ trains further) and re-evaluates.
     OMP_NUM_THREADS=1 PYTHONPATH=src python experiments/two_part/shape_potentials.py --systems qm9 \
         --minutes 5 --runs runs/shape_potentials_qm9    # then --minutes 20: continues the runs
 
-Results accumulate in ``shape_potentials.json``, one row per system, potential and budget.
+Results accumulate in ``shape_potentials.json``, one row per system, potential and budget,
+each with the command that made it.
 The NFE columns are the validation solve's (its last chunk) at the first and last validation,
 which shows how much harder the learned flow is to integrate as training goes on.
 """
@@ -32,6 +33,7 @@ import torch
 from grassflow.data.particle_files import shared_data_dir
 from grassflow.training import OBJECTIVES, TrainConfig, load_checkpoint, read_metrics, train
 from grassflow.training.rng import seeded_init
+from grassflow_paper import provenance
 from grassflow_paper.two_part import TwoPartShapeFlow
 
 KLEIN = {"dw4": ("train_split_DW4.npy", "val_split_DW4.npy", "test_split_DW4.npy", 4, 2),
@@ -111,6 +113,7 @@ def main(argv=None) -> None:
         data = clouds(system)
         for potential in args.potentials:
             row = run(system, potential, args, data)
+            row["command"] = provenance.command(None if argv is None else [sys.argv[0], *argv])
             rows[f"{system}-{potential}-{args.minutes:g}"] = row
             print(json.dumps({k: v for k, v in row.items() if k != "val_curve"}), flush=True)
             path.write_text(json.dumps(rows, indent=1))
@@ -125,7 +128,8 @@ def main(argv=None) -> None:
                      f"{r['iterations']:,} | "
                      f"{r['test_nll_grassmann']:.3f} ± {r['test_nll_sem']:.3f} | "
                      f"{r['uniform_nll']:.3f} | {nfe} |")  # fmt: skip
-    (out / "shape_potentials.md").write_text("\n".join(lines) + "\n")
+    made_by = provenance.made_by(sorted(rows.values(), key=order))
+    (out / "shape_potentials.md").write_text(made_by + "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -8,7 +8,7 @@ OT): learning rate, batch size, coupling, width and depth. Each setting trains f
 validation NLL of its final weights on the first 100 validation configurations (one
 validation per run: LJ13's costs about a CPU minute), never on the test set. Runs are
 resumable (``--runs``, default ``runs/efm_tuning_final``); the table goes to
-``results/efm_tuning.{json,md}``.
+``results/efm_tuning.{json,md}``, each row with the command that made it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from grassflow.tasks.run_dir import training_status
 from grassflow.training import load_checkpoint
 from grassflow.training.threads import set_threads
-from grassflow_paper import efm
+from grassflow_paper import efm, provenance
 from grassflow_paper.vs_enf import load_enf_splits
 
 VARIANTS = {  # name -> changes from EFMExperiment's defaults
@@ -69,7 +69,7 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['system']} | {r['variant']} | `{r['model']}` | "
                      f"{r['cpu_minutes']:.2f} | {r['iterations']:,} | {r['best_iteration']:,} | "
                      f"{r['val_nll']:.3f} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return provenance.made_by(rows) + "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -83,6 +83,7 @@ def main() -> None:
     set_threads(1)
     rows = tune(args.systems, args.minutes, Path(args.runs),
                 {k: VARIANTS[k] for k in args.variants})  # fmt: skip
+    rows = [{**r, "command": provenance.command()} for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "efm_tuning.json"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 from grassflow.manifolds.alignment import align_pairs, assignment, orthogonal_cost
 from grassflow.manifolds.shape_paths import GEOMETRIES, shape_path
 from grassflow.manifolds.shape_space import helmert_basis
+from grassflow_paper import provenance
 from grassflow_paper.enf_protocol import load_enf_splits
 
 
@@ -62,7 +62,7 @@ def measure(x0: torch.Tensor, x1: torch.Tensor, geometry: str, B: int) -> dict:
     mean_u = (w[:, None, None, None] * us).sum(0)
     bend = (w[:, None] * (us - mean_u).flatten(2).square().sum(-1)).sum(0)
     t = torch.rand(B, dtype=x0.dtype, generator=torch.Generator().manual_seed(0))
-    reps, start = 20, time.process_time()
+    reps, start = min(20, len(x0) // B), time.process_time()  # batches of the pairs
     for r in range(reps):
         shape_path(geometry, x0[r * B : (r + 1) * B], x1[r * B : (r + 1) * B], t)
     cpu_ms = 1e3 * (time.process_time() - start) / reps
@@ -84,14 +84,12 @@ def main(argv=None) -> None:
             rows.append({"system": system, "geometry": geometry, "pairs": len(x0),
                          **measure(x0, x1, geometry, 64)})  # fmt: skip
             print(rows[-1], flush=True)
-    command = "PYTHONPATH=src python experiments/vs_enf/shape_geometry.py " + shlex.join(
-        sys.argv[1:] if argv is None else argv
-    )
+    command = provenance.command(None if argv is None else [sys.argv[0], *argv])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "shape_geometry.json").write_text(json.dumps({"command": command, "rows": rows},
                                                         indent=2) + "\n")  # fmt: skip
-    lines = [f"`{command.strip()}`", "",
+    lines = [f"Made by: `{command}`", "",
              "| system | geometry | pairs | path length, median (mean) | bend, median (mean) "
              "| path + target CPU ms / batch of 64 |", "|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
