@@ -1,4 +1,4 @@
-"""Exact divergence: Laplace-Beltrami (Hessian-vector products) vs generic torch.func jvp.
+"""Speed of the exact divergence: Laplace-Beltrami (Hessian-vector products) vs torch.func jvp.
 
 Run: ``python benchmarks/divergence.py``. Prints median milliseconds per call (forward, and
 forward + backward) and the speed ratio, measured in one run on this machine.

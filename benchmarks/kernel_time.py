@@ -1,5 +1,7 @@
-"""Kernel (system) time against user time of the shape models, with glibc's allocator as it
-comes and as ``import grassflow`` sets it (issue 33, "Remove the kernel overhead").
+"""Kernel (system) time against user time of the shape models, under two malloc settings.
+
+The settings: glibc's allocator as it comes and as ``import grassflow`` sets it (issue 33,
+"Remove the kernel overhead").
 
 Run: ``PYTHONPATH=src python benchmarks/kernel_time.py [--out results/benchmarks]``
 (about 3 CPU minutes; ``--quick`` for a smoke run).

@@ -1,6 +1,7 @@
-"""CPU cost of the ``train --data`` model in float64 against float32: a flow-matching step
-(batch 128) and the exact NLL per conformer of an untrained model, alternating dtypes, on one
-thread. Issue 35 chose float32 training from it::
+"""CPU cost of the ``train --data`` model's training step and exact NLL, float64 vs float32.
+
+A flow-matching step (batch 128) and the exact NLL per conformer of an untrained model,
+alternating dtypes, on one thread. Issue 35 chose float32 training from it::
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/shape_dtype.py FILE.npz
 

@@ -1,4 +1,6 @@
-"""Benchmark suite (issues 6 and 15): the forward-Laplacian fast path against today's
+"""Time and memory of the likelihood and an MLE step: forward Laplacian, HVP, paper's baseline.
+
+The benchmark suite of issues 6 and 15: the forward-Laplacian fast path against the
 Hessian-vector-product path and the paper's Kronecker baseline, measured in one run.
 
 Run: ``PYTHONPATH=src python benchmarks/suite.py [--quick] [--out results/benchmarks]``.
