@@ -1,7 +1,9 @@
-"""CPU cost of the ``train --data`` model's training step and exact NLL, float64 vs float32.
+"""CPU cost of a molecule's ShapeFlow training step and exact NLL, float64 against float32.
 
-A flow-matching step (batch 128) and the exact NLL per conformer of an untrained model,
-alternating dtypes, on one thread. Issue 35 chose float32 training from it::
+The model of ``train --data FILE --geometry cartesian`` (``train --data``'s default for a
+molecule until issue 41): a flow-matching step (batch 128) and the exact NLL per conformer of
+an untrained model, alternating dtypes, on one thread. Issue 35 chose float32 training from
+it::
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/shape_dtype.py FILE.npz
 
@@ -31,6 +33,7 @@ def main() -> None:
     splits = shapes.load_clouds(exp)
     n, d = splits["train"].shape[1:]
     exp = dataclasses.replace(exp, n_points=n, dim=d, labels=splits["labels"], efm_labels=True,
+                              geometry="cartesian",
                               bonds=splits["bonds"], bond_orders=splits["bond_orders"],
                               use_bonds=True, harmonic_prior=bool(splits["bonds"]))  # fmt: skip
     torch.manual_seed(0)
