@@ -44,5 +44,5 @@ def made_by(rows: Iterable[dict]) -> str:
         text += ("\nCommands given with a commit were written by hand (issue 42) for rows made "
                  "before the study recorded its command, from the docs and the git history; the "
                  "commit (`made_at` in the JSON) is the one that added the row. Until issue 42 "
-                 "the studies lived in `benchmarks/`, under the same file names.\n")  # fmt: skip
+                 "most studies lived in `benchmarks/`, under the same file names.\n")  # fmt: skip
     return text + "\n"
