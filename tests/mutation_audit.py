@@ -49,8 +49,9 @@ MUTATIONS = {
         "grassflow_paper/vs_enf.py", 'old.get("test_hash") == test_hash and all(',
         'old.get("test_hash") == test_hash and any(', ["tests/test_vs_enf.py"]),
     "TwoPartShapeFlow: n instead of n - 1 in the Jacobian": (
-        "grassflow_paper/two_part.py", "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points - 1)",
-        "torch.diagonal(S, dim1=-2, dim2=-1), self.n_points)", ["tests/test_two_part.py"]),
+        "grassflow_paper/two_part.py",
+        "log_s = self.gram.log_prob(S, Y)\n        jac = log_jacobian_gram(torch.diagonal(S, dim1=-2, dim2=-1), self.n_points - 1)",
+        "log_s = self.gram.log_prob(S, Y)\n        jac = log_jacobian_gram(torch.diagonal(S, dim1=-2, dim2=-1), self.n_points)", ["tests/test_two_part.py"]),
     "TwoPartShapeFlow: Jacobian subtracted": (
         "grassflow_paper/two_part.py", '"log_prob": log_gr + log_s + jac',
         '"log_prob": log_gr + log_s - jac',
@@ -75,8 +76,8 @@ MUTATIONS = {
         "grassflow/flows/shape_flow.py", "lp = self.prior_log_prob(z0) + a  #",
         "lp = self.prior_log_prob(z0) - a  #", ["tests/test_shape_flow.py"]),
     "ShapeFlow: prior normalized over n d dimensions": (
-        "grassflow/flows/shape_flow.py", "return -0.5 * self.event_dim * torch.log(",
-        "return -0.5 * self.n_points * self.dim * torch.log(", ["tests/test_shape_flow.py"]),
+        "grassflow/flows/shape_flow.py", "lp = -0.5 * self.event_dim * torch.log(",
+        "lp = -0.5 * self.n_points * self.dim * torch.log(", ["tests/test_shape_flow.py"]),
     "ShapeFlow: density 1 % too high everywhere": (
         "grassflow/flows/shape_flow.py", "lp = self.prior_log_prob(z0) + a  #",
         "lp = self.prior_log_prob(z0) + a + 0.01  #", ["tests/test_shape_flow.py"]),
@@ -100,8 +101,8 @@ MUTATIONS = {
     "CFM: equivariant OT aligns but drops the minibatch assignment": (
         "grassflow/training/shape_matching.py",
         "            x0 = x0[assignment(orthogonal_cost(x0, x1)).argsort()]\n"
-        "            x1 = align_pairs(",
-        "            x1 = align_pairs(", ["tests/test_shape_flow.py"]),
+        "            if getattr(",
+        "            if getattr(", ["tests/test_shape_flow.py"]),
     "CFM: equivariant OT pairs the x1 of each x0 (the assignment not inverted)": (
         "grassflow/training/shape_matching.py",
         "x0 = x0[assignment(orthogonal_cost(x0, x1)).argsort()]",
