@@ -209,7 +209,7 @@ class _Run:
             if self.parallel else None)  # fmt: skip
         self.limit = math.inf if config.iterations is None else config.iterations
         self.of_limit = "" if config.iterations is None else f"/{config.iterations}"
-        self.stopped, self.message = "done", None  # the budget's message, if it ends the call
+        self.message = None  # the budget's message, if the budget ends the call
         self.step_rng, self.updating = None, False  # the RNG at the start of an unfinished step
         self.display, self.shared = Progress(enabled=False), False
 
@@ -246,7 +246,6 @@ class _Run:
         self.state.spent_total_budget = self.config.total_budget_minutes if by_total else None
         which = (f"total budget of {self.config.total_budget_minutes:g}" if by_total
                  else f"budget of {self.config.budget_minutes:g}")  # fmt: skip
-        self.stopped = "budget"
         self.message = (
             f"{which} {self.kind} min reached at iteration {self.state.iteration}"
             f"{self.of_limit} ({self.budget.elapsed() / 60:.2f} {self.kind} min trained, "
@@ -264,7 +263,7 @@ class _Run:
         message = self.message or f"done: {self.state.iteration}{self.of_limit} iterations"
         self.display.write(message)
         logger.info(message)
-        return self.result(self.stopped, message)
+        return self.result("done" if self.message is None else "budget", message)
 
     def result(self, stopped: str, message: str) -> TrainResult:
         state = self.state
