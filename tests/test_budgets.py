@@ -102,6 +102,35 @@ def test_the_work_before_training_is_charged_and_kept_across_resumes(tmp_path, f
     assert free.iterations == 112, free.message  # not charged: 90 s of training, 60 steps more
 
 
+def test_train_dataset_charges_its_start_up_to_minutes(tmp_path, fixed_pace, monkeypatch,
+                                                     capsys):  # fmt: skip
+    # catches: `train --dataset` (textures, DW4, LJ13) leaving the command's start-up
+    # (imports, building the data and the model) out of --minutes, as `train --data` does not
+    import re
+
+    from grassflow.tasks import texture_runs
+    from grassflow.training import clock
+
+    build = texture_runs.build_model
+
+    def steps(name: str, start_up_s: float) -> int:
+        fixed_pace(0.8)  # a fresh process: its clocks start at 0
+        cpu, wall, start_up = clock._cpu, clock._wall, [0.0]
+        monkeypatch.setattr(clock, "_cpu", lambda: cpu() + start_up[0])
+        monkeypatch.setattr(clock, "_wall", lambda: wall() + start_up[0])
+
+        def slow_build(exp):  # the start-up's seconds pass after the command began
+            start_up[0] += start_up_s
+            return build(exp)
+
+        monkeypatch.setattr(texture_runs, "build_model", slow_build)
+        assert main(["train", "--dataset", "2spirals", "--minutes", "0.5", "--no-progress",
+                     "--val-every", "end", "--run-dir", str(tmp_path / name)]) == 0  # fmt: skip
+        return int(re.search(r"reached at iteration (\d+)", capsys.readouterr().out)[1])
+
+    assert steps("free", 0.0) - steps("charged", 12.0) == 15  # 15 steps of 0.8 s fewer
+
+
 def test_train_data_announces_or_skips_its_final_evaluation(tmp_path, fixed_pace, capsys):
     # catches: a final test evaluation that overruns --minutes without a word, or one that is
     # skipped although it fits, or priced at the wrong cost per cloud

@@ -117,9 +117,9 @@ def cmd_train(args) -> None:
     from ..training.clock import Stopwatch
     from ..training.clock import read as read_clock
 
+    # the process's CPU seconds so far (imports included) count as the command's
+    setup = Stopwatch(cpu=read_clock("cpu")).start()
     if args.data is not None:
-        # the process's CPU seconds so far (imports included) count as the command's
-        setup = Stopwatch(cpu=read_clock("cpu")).start()
         exp = shapes.run(_shape_experiment(args), args.run_dir, resume=args.resume,
                          progress=not args.no_progress, final_eval=not args.no_eval,
                          setup=setup)  # fmt: skip
@@ -140,7 +140,8 @@ def cmd_train(args) -> None:
             exp.train = exp.train.replace(iterations=tx.PRESETS["paper"].train.iterations)
         exp, module = apply_overrides(exp, args), tx
     exp.train = exp.train.replace(**_validation_fields(args))
-    result = module.run(exp, args.run_dir, resume=args.resume, progress=not args.no_progress)
+    result = module.run(exp, args.run_dir, resume=args.resume, progress=not args.no_progress,
+                        setup=setup)  # fmt: skip
     print(result.message or f"stopped: {result.stopped} after {result.iterations} iterations")
 
 

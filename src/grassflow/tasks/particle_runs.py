@@ -39,6 +39,7 @@ from ..training import (
 )
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
+from ..training.clock import Stopwatch
 from ..training.parallel_eval import save_samples
 from ..training.rng import seeded_init
 from .registry import RunKind
@@ -204,8 +205,10 @@ def run(
     progress: bool = True,
     data: dict | None = None,
     force: bool = False,
+    setup: Stopwatch | None = None,
 ) -> TrainResult:
-    """Train (or resume) one run in ``run_dir``; ``data`` defaults to `load_data`.
+    """Train (or resume) one run in ``run_dir``; ``data`` defaults to `load_data`; ``setup``:
+    see ``train``.
 
     ``run_dir`` must be new or hold the same preset and data (`run_dir.claim_run_dir`);
     ``force`` deletes a mismatched one instead of raising.
@@ -222,6 +225,7 @@ def run(
         objective=OBJECTIVES[exp.objective],
         resume=resume,
         progress=progress,
+        setup=setup,
     )
 
 

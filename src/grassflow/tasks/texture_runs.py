@@ -31,6 +31,7 @@ from ..training import (
 )
 from ..training import distributed as dd
 from ..training.checkpoint import write_json
+from ..training.clock import Stopwatch
 from ..training.loop import Callback
 from ..training.parallel_eval import save_samples
 from ..training.rng import seeded_init
@@ -255,8 +256,10 @@ def run(
     progress: bool = True,
     force: bool = False,
     callback: Callback | None = None,
+    setup: Stopwatch | None = None,
 ) -> TrainResult:
-    """Train (or resume) one texture model in ``run_dir`` (``callback``: see ``train``).
+    """Train (or resume) one texture model in ``run_dir`` (``callback``, ``setup``: see
+    ``train``).
 
     ``run_dir`` must be new or hold the same preset and data (`claim`); ``force``
     deletes a mismatched one instead of raising.
@@ -272,6 +275,7 @@ def run(
         resume=resume,
         progress=progress,
         callback=callback,
+        setup=setup,
     )
 
 
