@@ -5,7 +5,8 @@ inverse map by autograd (``torch.autograd.functional.jacobian``) in exponential 
 of SO(3) at a point; the Haar volume of SO(3) from the differential of ``matrix_exp``,
 integrated by Gauss-Legendre quadrature; Haar moments (character orthogonality) for
 `random_rotation`. All in float64 on embedded conformers of the four molecules of
-tests/test_zmatrix.py.
+tests/test_zmatrix.py, and on minimized conformers of its linear groups (benzonitrile,
+but-2-yn-1-ol) with the Z-matrix built around their straight angles.
 """
 
 import math
@@ -20,14 +21,15 @@ from grassflow.manifolds.internal import (
     LOG_SO3_VOLUME,
     InternalCoordinates,
     random_rotation,
+    straight_angles,
 )
 from grassflow.manifolds.shape_space import helmert_basis
-from grassflow.manifolds.zmatrix import build_zmatrix
+from grassflow.manifolds.zmatrix import ZMatrix, build_zmatrix
 
 pytest.importorskip("rdkit")
 from rdkit.Chem import rdMolTransforms  # noqa: E402
 
-from test_zmatrix import MOLECULES, molecule  # noqa: E402
+from test_zmatrix import LINEAR, MOLECULES, minimized, molecule  # noqa: E402
 
 F64 = torch.float64
 
@@ -43,6 +45,15 @@ def _setup(name: str, seeds=(0, 1, 2), cartesian_rings: bool = True):
     x = torch.tensor(np.stack([c.GetPositions() for c in mol.GetConformers()]), dtype=F64)
     ic = InternalCoordinates(build_zmatrix(n, bonds, Z, cartesian_rings))
     return mol, ic, x
+
+
+def _linear_setup(name: str):
+    """``(ic, x: (24, n, 3))``: minimized conformers of a linear group of tests/test_zmatrix.py,
+    and the Z-matrix around their straight angles."""
+    mol, x = minimized(LINEAR[name])
+    _, n, bonds, Z = molecule(LINEAR[name])
+    x = torch.tensor(x, dtype=F64)
+    return InternalCoordinates(build_zmatrix(n, bonds, Z, straight=straight_angles(x, bonds))), x
 
 
 def _skew(w: torch.Tensor) -> torch.Tensor:
@@ -323,3 +334,89 @@ def test_random_rotation_is_haar():
         _skew(math.pi * torch.rand(m, 1, generator=g, dtype=F64) * axis)
     )
     assert not _is_haar(uniform_angle)
+
+
+# ------------------------------------------------------------------ linear groups
+@pytest.mark.parametrize("name", list(LINEAR))
+def test_linear_groups_round_trip_and_have_the_autograd_volume(name):
+    """Catches a bijection or volume that fails where references are not bonded to j (a
+    nitrile's N placed from an ortho carbon, torsions measured from atoms off the rod): x ->
+    (R, q) -> x is the centred x to 1e-10 for rotated and translated minimized conformers,
+    `check_angles` accepts them, and log J is log |det| of the inverse's Jacobian by autograd
+    to 1e-8 (as above)."""
+    ic, x = _linear_setup(name)
+    bonds = {frozenset(b) for b in molecule(LINEAR[name])[2]}
+    assert any(frozenset(r[1:3]) not in bonds for r in ic.zmatrix.rows)  # the case arises
+    g = torch.Generator().manual_seed(8)
+    Q, t = _rigid_motions(len(x), g)
+    y = x @ Q.mT + t
+    R, q = ic(y)
+    _assert_rotations(R)
+    torch.testing.assert_close(ic.inverse(R, q), y - y.mean(-2, keepdim=True), atol=1e-10,
+                               rtol=0)  # fmt: skip
+    ic.check_angles(x)
+    n = ic.n_atoms
+    H = helmert_basis(n, F64)
+    for b in range(2):
+
+        def z_of(v, b=b):
+            Rb = R[b] @ torch.linalg.matrix_exp(_skew(v[:3]))
+            return (H.mT @ ic.inverse(Rb, v[3:])).reshape(-1)
+
+        jac = torch.autograd.functional.jacobian(z_of, torch.cat([torch.zeros(3, dtype=F64),
+                                                                  q[b]]))  # fmt: skip
+        sign, logdet = torch.linalg.slogdet(jac)
+        assert sign != 0 and abs(ic.log_volume(q[b]).item() - logdet.item()) < 1e-8
+
+
+def test_check_angles_refuses_a_torsion_reference_on_its_axis():
+    """Catches a torsion i-j-k-l measured from an l on the axis j-k (undefined: it jumps as l
+    crosses the axis, a silent garbage density, though every angle i-j-k is fine): a rod
+    0-1-2 with row (4, 0, 1, 2) is refused, naming atom 4 and the angle 0-1-2, straight or 3
+    degrees off; the same molecule with l = 3 off the axis is accepted; a torsion reference
+    on the axis in under 1 % of broad random molecules is not refused."""
+    x = torch.tensor([[[0.0, 0.0, 0.0], [1.5, 0.0, 0.0], [3.0, 0.0, 0.0], [1.5, 1.2, 0.0],
+                       [-1.0, 1.0, 0.5]]], dtype=F64)  # fmt: skip
+    rows = ((2, 1, 3, 0), (4, 0, 1, 2))
+    ic = InternalCoordinates(ZMatrix(5, (1, 0, 3), 1, rows=rows))
+    theta = torch.rad2deg(ic.split(ic(x)[1])[1])
+    assert ((theta > 15) & (theta < 165)).all()  # the power: every angle i-j-k is fine
+    with pytest.raises(ValueError, match=r"torsion reference of atom 4: the angle 0-1-2 "
+                       r"reaches 180\.0 degrees in 1 molecules.*straight_angles"):  # fmt: skip
+        ic.check_angles(x)
+    bent = x.clone()
+    bent[0, 2] = torch.tensor([1.5 + 1.5 * math.cos(math.radians(3)),
+                               1.5 * math.sin(math.radians(3)), 0.0])  # fmt: skip
+    with pytest.raises(ValueError, match=r"the angle 0-1-2 reaches 177\.0 degrees"):
+        ic.check_angles(bent)
+    InternalCoordinates(ZMatrix(5, (1, 0, 3), 1, rows=((2, 1, 3, 0), (4, 0, 1, 3)))
+                        ).check_angles(x)  # fmt: skip
+    g = torch.Generator().manual_seed(9)
+    random = torch.randn(4000, 5, 3, generator=g, dtype=F64)
+    theta = torch.rad2deg(ic.split(ic(random)[1])[1])
+    random = random[((theta > 10) & (theta < 170)).all(-1)]
+    axis = _angle_deg(random[:, 0] - random[:, 1], random[:, 2] - random[:, 1])
+    assert 0 < ((axis < 5) | (axis > 175)).sum() < 0.01 * len(random)
+    ic.check_angles(random)
+
+
+def _angle_deg(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    cos = (u * v).sum(-1) / u.norm(dim=-1) / v.norm(dim=-1)
+    return torch.rad2deg(torch.arccos(cos.clamp(-1, 1)))
+
+
+@pytest.mark.parametrize("name", list(LINEAR))
+def test_check_angles_points_a_linear_group_to_straight_angles(name):
+    """Catches an error that sends a nitrile or alkyne to the Cartesian model (issue 46: the
+    new Z-matrix handles them): the graph-only Z-matrix on minimized conformers is refused
+    with advice to build it around straight_angles, not --geometry cartesian; a linear
+    molecule (HC#CH) is refused as linear."""
+    _, x = _linear_setup(name)
+    _, n, bonds, Z = molecule(LINEAR[name])
+    with pytest.raises(ValueError, match=r"straight line \(a linear group.*straight_angles") as e:
+        InternalCoordinates(build_zmatrix(n, bonds, Z)).check_angles(x)
+    assert "cartesian" not in str(e.value)
+    _, xa = minimized("C#C", k=4)
+    _, n, bonds, Z = molecule("C#C")
+    with pytest.raises(ValueError, match=r"this molecule is linear .*--geometry cartesian"):
+        InternalCoordinates(build_zmatrix(n, bonds, Z)).check_angles(torch.tensor(xa))

@@ -1,15 +1,21 @@
 """`grassflow.manifolds.zmatrix`: the Z-matrix of a bond graph, checked rule by rule against
 graphs and ring perception computed independently by RDKit (its topological distance
 matrix, ``Atom.IsInRing``) on butane, glycerol, cyclohexanol and the L-alanine dipeptide with
-their hydrogens, plus fused, bridged, spiro and linked ring systems."""
+their hydrogens, plus fused, bridged, spiro and linked ring systems; and around linear
+groups (benzonitrile, but-2-yn-1-ol) against RDKit's angles in ETKDG + MMFF conformers."""
+
+import json
+import re
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("rdkit")
 from rdkit import Chem  # noqa: E402
 from rdkit.Chem import AllChem, rdMolTransforms  # noqa: E402
 
+from grassflow.manifolds.internal import straight_angles  # noqa: E402
 from grassflow.manifolds.zmatrix import ZMatrix, build_zmatrix, ring_atoms  # noqa: E402
 
 MOLECULES = {
@@ -25,6 +31,32 @@ RING_SYSTEMS = {
     "biphenyl (two rings, a bridge)": "c1ccc(cc1)-c1ccccc1",
     "1,3-diphenylpropane (rings apart)": "c1ccccc1CCCc1ccccc1",
 }
+LINEAR = {"benzonitrile": "N#Cc1ccccc1", "but-2-yn-1-ol": "CC#CCO"}
+# the Z-matrices of MOLECULES before linear groups (commit 81f32b8), by cartesian_rings:
+# (root, root_bond, cartesian, rows, swaps), the same for both ring modes but cyclohexanol's
+BEFORE = {
+    "butane": ((1, 0, 2), 1, (), ((7, 1, 0, 2), (8, 1, 0, 7), (4, 0, 1, 2), (5, 0, 1, 4),
+               (6, 0, 1, 5), (3, 2, 1, 0), (9, 2, 1, 3), (10, 2, 1, 9), (11, 3, 2, 1),
+               (12, 3, 2, 11), (13, 3, 2, 12)), ((7, 8), (4, 5), (9, 10), (11, 12))),
+    "glycerol": ((2, 1, 3), 2, (), ((4, 2, 1, 3), (9, 2, 1, 4), (0, 1, 2, 3), (7, 1, 0, 2),
+                 (8, 1, 0, 7), (10, 3, 2, 1), (5, 4, 2, 1), (11, 4, 2, 5), (12, 4, 2, 11),
+                 (6, 0, 1, 2), (13, 5, 4, 2)), ((7, 8), (11, 12))),
+    "cyclohexanol": ((1, 0, 2), 1, (), ((6, 1, 0, 2), (8, 1, 0, 6), (7, 0, 1, 2), (3, 2, 1, 0),
+                     (9, 2, 1, 3), (10, 2, 1, 9), (5, 6, 1, 0), (17, 6, 1, 5), (18, 6, 1, 17),
+                     (4, 3, 2, 1), (11, 3, 2, 4), (12, 3, 2, 11), (15, 5, 4, 3),
+                     (16, 5, 4, 15), (13, 4, 3, 2), (14, 4, 3, 13)),
+                     ((9, 10), (17, 18), (11, 12), (15, 16), (13, 14))),
+    "cyclohexanol, ring block": ((1, 2, 6), 1, (3, 5, 4), ((0, 1, 2, 6), (8, 1, 0, 2),
+                                 (9, 2, 1, 3), (10, 2, 1, 9), (17, 6, 1, 5), (18, 6, 1, 17),
+                                 (7, 0, 1, 2), (11, 3, 2, 4), (12, 3, 2, 11), (15, 5, 4, 6),
+                                 (16, 5, 4, 15), (13, 4, 3, 5), (14, 4, 3, 13)),
+                                 ((9, 10), (17, 18), (11, 12), (15, 16), (13, 14))),
+    "ala2": ((4, 3, 5), 4, (), ((6, 4, 3, 5), (14, 4, 3, 6), (1, 3, 4, 5), (13, 3, 1, 4),
+             (15, 5, 4, 3), (16, 5, 4, 15), (17, 5, 4, 16), (7, 6, 4, 3), (8, 6, 4, 7),
+             (0, 1, 3, 4), (2, 1, 0, 3), (9, 8, 6, 4), (18, 8, 6, 9), (10, 0, 1, 2),
+             (11, 0, 1, 10), (12, 0, 1, 11), (19, 9, 8, 6), (20, 9, 8, 19), (21, 9, 8, 20)),
+             ((15, 16), (10, 11), (19, 20))),
+}  # fmt: skip
 
 
 def molecule(smiles: str):
@@ -41,9 +73,21 @@ def conformer(smiles: str, seed: int = 0) -> np.ndarray:
     return mol.GetConformer().GetPositions()
 
 
+def minimized(smiles: str, k: int = 24, seed: int = 0):
+    """``(mol, x: (k, n, 3))``: ``k`` ETKDG embeddings of ``smiles`` with hydrogens, each
+    MMFF94-minimized (kept as mol's conformers)."""
+    mol = molecule(smiles)[0]
+    assert len(AllChem.EmbedMultipleConfs(mol, numConfs=k, randomSeed=seed)) == k
+    AllChem.MMFFOptimizeMoleculeConfs(mol)
+    return mol, np.stack([c.GetPositions() for c in mol.GetConformers()])
+
+
 def _rows_obey_the_rules(zm: ZMatrix, mol, Z, cartesian_rings: bool = True) -> None:
     """Every rule of the module doc, from RDKit's graph distances and ring perception
-    (independent of the BFS in `build_zmatrix`)."""
+    (independent of the BFS in `build_zmatrix`); references are chosen among the atoms off
+    the lines of ``zm.straight`` (collinear triples)."""
+    line = {frozenset(t) for t in zm.straight}
+    off = lambda *t: frozenset(t) not in line  # noqa: E731
     n = zm.n_atoms
     rings = {a.GetIdx() for a in mol.GetAtoms() if a.IsInRing()} if cartesian_rings else set()
     D = Chem.GetDistanceMatrix(mol).astype(int)
@@ -59,15 +103,17 @@ def _rows_obey_the_rules(zm: ZMatrix, mol, Z, cartesian_rings: bool = True) -> N
         assert adj[i, j], f"row {(i, j, k, l)}: j is not bonded to i"
         assert j in placed and k in placed and l in placed, f"row {(i, j, k, l)} looks ahead"
         assert d_root[i] == d_root[j] + 1, f"row {(i, j, k, l)}: j is not i's BFS parent"
-        # k: a placed atom nearest to j, heavy if a heavy one is as near
-        pool = [a for a in placed if a != j]
+        # k: a placed atom nearest to j off the line i-j, heavy if a heavy one is as near
+        assert off(i, j, k), f"row {(i, j, k, l)}: the angle i-j-k is straight"
+        pool = [a for a in placed if a != j and off(i, j, a)]
         dk = min(D[j, a] for a in pool)
         assert D[j, k] == dk, f"row {(i, j, k, l)}: k is not nearest to j"
         if any(heavy[a] and D[j, a] == dk for a in pool):
             assert heavy[k], f"row {(i, j, k, l)}: a hydrogen k where a heavy atom is as near"
         # l: a placed atom nearest to k (heavy first), unless that triple is taken; then a
         # sibling of i (bonded to j) where one is free
-        pool = [a for a in placed if a not in (j, k)]
+        assert off(j, k, l), f"row {(i, j, k, l)}: l is on the axis j-k"
+        pool = [a for a in placed if a not in (j, k) and off(j, k, a)]
         dl = min(D[k, a] for a in pool)
         best = [a for a in pool if D[k, a] == dl]
         if any(heavy[a] for a in best):
@@ -77,7 +123,9 @@ def _rows_obey_the_rules(zm: ZMatrix, mol, Z, cartesian_rings: bool = True) -> N
                    if r[1] == j and Z[r[0]] == 1 and adj[r[0]].sum() == 1]  # fmt: skip
         # an atom on a ring atom j: j's other ring neighbour (the side of the ring it is on)
         ring_nb = [a for a in placed if a in rings and adj[a, j] and a != k] if j in rings else []
-        if Z[i] == 1 and adj[i].sum() == 1 and earlier and (j, k, earlier[-1]) not in used:
+        ring_nb = [a for a in ring_nb if off(j, k, a)]
+        if Z[i] == 1 and adj[i].sum() == 1 and earlier and (j, k, earlier[-1]) not in used \
+                and off(j, k, earlier[-1]):  # fmt: skip
             assert l == earlier[-1], f"row {(i, j, k, l)}: not the previous hydrogen"
         elif ring_nb and (j, k, ring_nb[0]) not in used:
             assert l == ring_nb[0], f"row {(i, j, k, l)}: not j's other ring neighbour"
@@ -285,3 +333,148 @@ def test_zmatrix_survives_a_json_round_trip():
     mol, n, bonds, Z = molecule(MOLECULES["cyclohexanol"])
     zm = build_zmatrix(n, bonds, Z, cartesian_rings=True)
     assert ZMatrix(**json.loads(json.dumps(zm.to_dict()))) == zm
+
+
+# ------------------------------------------------------------------ linear groups
+def _graph(smiles: str):
+    mol, n, bonds, Z = molecule(smiles)
+    return n, bonds, Z
+
+
+def _angle(x: np.ndarray, a: int, b: int, c: int) -> np.ndarray:
+    """Angles a-b-c in degrees of conformers ``x: (N, n, 3)``, by arccos (not the library's
+    atan2)."""
+    u, v = x[:, a] - x[:, b], x[:, c] - x[:, b]
+    cos = (u * v).sum(-1) / np.linalg.norm(u, axis=-1) / np.linalg.norm(v, axis=-1)
+    return np.degrees(np.arccos(np.clip(cos, -1, 1)))
+
+
+@pytest.mark.parametrize("cartesian_rings", [False, True])
+@pytest.mark.parametrize("name", list(MOLECULES))
+def test_molecules_without_linear_groups_keep_their_zmatrix(name, cartesian_rings):
+    """Catches a change of the Z-matrix of a molecule without linear groups (the benchmark
+    runs, their saved configs and results would then mean another model): the rows, root,
+    block and swaps recorded before linear groups, with no ``straight`` and with the straight
+    triples of 24 minimized conformers (atoms that happen to line up far apart: none is a
+    reference here), whose dict then differs only by the ``straight`` entry, and whose
+    printout is the same."""
+    mol, n, bonds, Z = molecule(MOLECULES[name])
+    want = BEFORE[f"{name}, ring block" if cartesian_rings and name == "cyclohexanol" else name]
+    plain = build_zmatrix(n, bonds, Z, cartesian_rings=cartesian_rings)
+    assert (plain.root, plain.root_bond, plain.cartesian, plain.rows, plain.swaps) == want
+    assert "straight" not in plain.to_dict()  # the saved config reads as before
+    S = straight_angles(torch.tensor(minimized(MOLECULES[name])[1]), bonds)
+    zm = build_zmatrix(n, bonds, Z, cartesian_rings=cartesian_rings, straight=S)
+    assert zm.straight == tuple(sorted(S)) and zm.rods == ()
+    assert {k: v for k, v in zm.to_dict().items() if k != "straight"} == plain.to_dict()
+    assert zm.describe() == plain.describe() and len(plain.describe().splitlines()) == (
+        n + 1 + bool(plain.cartesian) - len(plain.cartesian))  # a line per row, the block's
+
+
+@pytest.mark.parametrize("name", list(LINEAR))
+def test_linear_groups_make_no_straight_angle_or_torsion_axis(name):
+    """Catches issue 46's refused nitriles and alkynes: a Z-matrix angle i-j-k along the rod
+    (torsion undefined, sin theta = 0 in the volume), a torsion reference l on its axis j-k,
+    a collinear root, and a rod `straight_angles` misses. In 24 ETKDG + MMFF conformers:
+    the bonded straight triples are those RDKit's angles put above 170 degrees (the nitrile
+    N-C-C; the alkyne's C-C#C and C#C-C); with them, every root angle, i-j-k and j-k-l is
+    within (15, 165) degrees in every conformer (arccos of the coordinates) and the rows obey
+    the rules off the lines; the Z-matrix from the graph alone has a straight one (the
+    power); benzonitrile's N takes an ortho ring carbon as k, the methyl's first hydrogen of
+    but-2-yn-1-ol the O as l."""
+    mol, x = minimized(LINEAR[name])
+    n, bonds, Z = _graph(LINEAR[name])
+    D = Chem.GetDistanceMatrix(mol)
+    S = straight_angles(torch.tensor(x), bonds)
+    bonded = [(a, b, c) for b in range(n) for a in range(n) for c in range(a + 1, n)
+              if D[a, b] == 1 and D[b, c] == 1]  # fmt: skip
+    conf = mol.GetConformers()
+    rod = {t for t in bonded
+           if np.median([rdMolTransforms.GetAngleDeg(c, *t) for c in conf]) > 170}  # fmt: skip
+    assert rod == {t for t in S if t in bonded} and rod == (
+        {(0, 1, 2)} if name == "benzonitrile" else {(0, 1, 2), (1, 2, 3)})
+    zm = build_zmatrix(n, bonds, Z, straight=S)
+    _rows_obey_the_rules(zm, mol, Z, cartesian_rings=False)
+    a0, a1, a2 = zm.root
+    angles = [(a2, zm.root_bond, a1 if zm.root_bond == a0 else a0)]
+    angles += [r[:3] for r in zm.rows] + [r[1:] for r in zm.rows]
+    for t in angles:
+        assert 15 < _angle(x, *t).min() and _angle(x, *t).max() < 165, (t, _angle(x, *t))
+    plain = build_zmatrix(n, bonds, Z)
+    assert max(_angle(x, *r[:3]).max() for r in plain.rows) > 170
+    row = {r[0]: r for r in zm.rows}
+    if name == "benzonitrile":  # N0#C1-C2, ring C2..C7
+        _, j, k, _ = row[0]
+        assert j == 1 and D[k, 2] == 1 and mol.GetAtomWithIdx(k).IsInRing()
+    else:  # C0 (methyl: H5, H6, H7) - C1 # C2 - C3 - O4
+        assert row[5][3] == 4 and row[6][3] == 5 and row[7][3] == 6
+        assert (5, 6) in zm.swaps
+
+
+@pytest.mark.parametrize("name, row, mutant, message", [
+    ("benzonitrile", (0, 1, 3, 2), (0, 1, 2, 3), "the angle i-j-k is straight"),  # N0 on C1-C2
+    ("but-2-yn-1-ol", (8, 3, 2, 4), (8, 3, 2, 1), "l is on the axis"),  # H8 about C3-C2 from C1
+])  # fmt: skip
+def test_the_rule_checker_sees_references_on_a_line(name, row, mutant, message):
+    """The checker above fails on a linear group's Z-matrix with a row broken each way (so
+    its passing on linear groups means the rules hold off the lines)."""
+    mol, x = minimized(LINEAR[name])
+    n, bonds, Z = _graph(LINEAR[name])
+    zm = build_zmatrix(n, bonds, Z, straight=straight_angles(torch.tensor(x), bonds))
+    assert row in zm.rows
+    bad = ZMatrix.__new__(ZMatrix)  # skip ZMatrix's own validation: the checker must see it
+    for field, value in zm.to_dict().items():
+        object.__setattr__(bad, field, value)
+    object.__setattr__(bad, "rows", tuple(mutant if r == row else r for r in zm.rows))
+    with pytest.raises(AssertionError, match=message):
+        _rows_obey_the_rules(bad, mol, Z, cartesian_rings=False)
+
+
+def test_describe_names_the_rods_and_how_they_are_referenced():
+    """Catches a Z-matrix printout that hides why a row's references are not bonded: the rod
+    (with benzonitrile's para C and H in line), and a note on each row that skipped a rod
+    atom, naming the straight triple and the reference taken instead."""
+    n, bonds, Z = _graph(LINEAR["benzonitrile"])
+    zm = build_zmatrix(n, bonds, Z, straight=straight_angles(
+        torch.tensor(minimized(LINEAR["benzonitrile"])[1]), bonds))  # fmt: skip
+    text = zm.describe(["N", *"CCCCCCC", *"HHHHH"])
+    assert zm.rods == ((0, 1, 2, 5, 10),)
+    assert "on a straight line in the data (no angle or torsion axis along it): N0 C1 C2 C5 H10" \
+        in text  # fmt: skip
+    k = {r[0]: r for r in zm.rows}[0][2]
+    assert f"N0: bond C1, angle C{k}, torsion" in text
+    assert f"(linear: N0-C1-C2 straight, so the angle is to C{k})" in text
+    assert sum("(linear:" in line for line in text.splitlines()) == 2  # N0's and C7's rows
+    plain = build_zmatrix(n, bonds, Z).describe()
+    assert "straight" not in plain and "linear" not in plain
+
+
+@pytest.mark.parametrize("smiles", ["C#C", "O=C=O", "N#CC#N"])
+def test_a_linear_molecule_is_refused_with_a_clear_error(smiles):
+    """Catches a linear molecule given a Z-matrix anyway (every angle straight: no frame, no
+    density): its straight triples (from minimized conformers) leave no bent root."""
+    mol, x = minimized(smiles, k=4)
+    n, bonds, Z = _graph(smiles)
+    with pytest.raises(ValueError, match=r"linear molecule .*--geometry cartesian"):
+        build_zmatrix(n, bonds, Z, straight=straight_angles(torch.tensor(x), bonds))
+
+
+def test_a_zmatrix_that_contradicts_its_straight_triples_is_refused():
+    """Catches a hand-made (or edited) Z-matrix with a straight angle, torsion axis or root
+    among its own ``straight`` triples, and malformed triples; a JSON round trip keeps the
+    triples (a resumed run rebuilds the same Z-matrix)."""
+    n, bonds, Z = _graph(LINEAR["but-2-yn-1-ol"])
+    S = straight_angles(torch.tensor(minimized(LINEAR["but-2-yn-1-ol"])[1]), bonds)
+    zm = build_zmatrix(n, bonds, Z, straight=S)
+    assert ZMatrix(**json.loads(json.dumps(zm.to_dict()))) == zm and zm.straight
+    with pytest.raises(ValueError, match=r"root angle 3-2-1 is straight"):  # C3-C2#C1
+        ZMatrix(**{**build_zmatrix(n, bonds, Z).to_dict(), "straight": S})
+    for row, mutant, message in [((1, 2, 4, 3), (1, 2, 3, 4), r"its angle 1-2-3 is straight"),
+                                 ((5, 0, 1, 4), (5, 0, 1, 2), r"its torsion axis and "
+                                  r"reference 0-1-2 is straight")]:  # fmt: skip
+        assert row in zm.rows
+        rows = tuple(mutant if r == row else r for r in zm.rows)
+        with pytest.raises(ValueError, match=re.escape(f"row {mutant}: ") + message):
+            ZMatrix(**{**zm.to_dict(), "rows": rows})
+    with pytest.raises(ValueError, match=r"straight triple \(1, 1, 2\)"):
+        ZMatrix(**{**zm.to_dict(), "straight": ((1, 1, 2),)})

@@ -25,8 +25,12 @@ with a uniform orientation is the density ``p(q) / (8 pi^2 J(q))`` on z
 
 Near-linear angles: the torsion about a straight angle is undefined and ``sin(theta)`` is 0,
 so such configurations have volume (and density) 0. `InternalCoordinates.forward` clamps
-angles to ``[EPS, pi - EPS]`` so that they give a finite, very low density, never NaN;
-`check_angles` refuses training data whose Z-matrix angles come near 0 or 180 degrees.
+angles to ``[EPS, pi - EPS]`` so that they give a finite, very low density, never NaN.
+Linear groups (nitriles, alkynes) are straight in every conformer: `straight_angles` finds
+them in the training data, and `grassflow.manifolds.zmatrix.build_zmatrix` chooses
+references around them. `InternalCoordinates.check_angles` refuses training data in which
+a Z-matrix angle ``i-j-k``, or the angle ``j-k-l`` of a torsion's axis and reference (the
+torsion is undefined when l lies on the axis), comes near 0 or 180 degrees.
 """
 
 from __future__ import annotations
@@ -36,12 +40,20 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .zmatrix import ZMatrix
+from .zmatrix import ZMatrix, graph_distances
 
-__all__ = ["EPS", "InternalCoordinates", "LOG_SO3_VOLUME", "random_rotation"]
+__all__ = ["EPS", "InternalCoordinates", "LOG_SO3_VOLUME", "random_rotation", "straight_angles"]
 
 EPS = 1e-6
 """Angles are clamped to ``[EPS, pi - EPS]`` (see the module doc)."""
+AXIS_FRACTION = 0.01
+"""`InternalCoordinates.check_angles` refuses a torsion reference on its axis in more than
+this fraction of the molecules (broad random data has a few by chance; a rod, all)."""
+STRAIGHT_DEG = 15.0
+"""An angle whose median over the data is within this of 180 degrees is straight
+(`straight_angles`). Rods are within a few degrees; 15 leaves propyne's terminal H a
+reference (a methyl H at 161 degrees seen from the H's carbon: no atom is farther off the
+axis) and benzonitrile's meta carbons (161 degrees from the nitrile C)."""
 LOG_SO3_VOLUME = math.log(8 * math.pi**2)
 """log of the Haar volume of SO(3) in the metric where a turn by angle a has length a."""
 
@@ -173,20 +185,79 @@ class InternalCoordinates(nn.Module):
         return 2 * bonds.log().sum(-1) + theta.sin().log().sum(-1) - 1.5 * math.log(self.n_atoms)
 
     def check_angles(self, x: Tensor, margin_deg: float = 5.0) -> None:
-        """Raise a ``ValueError`` naming the atoms if some Z-matrix angle of the molecules
-        ``x: (N, n, 3)`` comes within ``margin_deg`` of 0 or 180 degrees (a linear group,
-        whose torsion is undefined)."""
+        """Raise a ``ValueError`` naming the atoms if, in the molecules ``x: (N, n, 3)``, some
+        Z-matrix angle ``i-j-k`` (the root's included) comes within ``margin_deg`` of 0 or
+        180 degrees in any molecule (the torsion about a straight angle is undefined and
+        ``sin(theta) = 0``), or some row's ``j-k-l`` (its torsion axis j -> k and reference
+        l) does in more than `AXIS_FRACTION` of them: a reference on the axis, as a linear
+        group's, leaves the torsion undefined (the volume holds, but the torsion jumps)."""
+        zm = self.zmatrix
+        a0, a1, _ = zm.root
         theta = torch.rad2deg(self.split(self(x)[1])[1])
-        low = margin_deg
-        bad = (theta < low) | (theta > 180 - low)
-        if bad.any():
-            m = int(bad.any(0).nonzero()[0])
-            zm = self.zmatrix
-            atoms = ((zm.root[2], zm.root_bond, zm.root[1] if zm.root_bond == zm.root[0]
-                      else zm.root[0]) if m == 0 else zm.rows[m - 1][:3])  # fmt: skip
-            raise ValueError(
-                f"the angle {'-'.join(map(str, atoms))} reaches "
-                f"{float(theta[:, m].max() if theta[:, m].max() > 90 else theta[:, m].min()):.1f}"
-                f" degrees in {int(bad[:, m].sum())} molecules: internal coordinates need "
-                f"angles at least {margin_deg:g} degrees from 0 and 180 (a linear group such as "
-                "an alkyne or nitrile is not supported; use --geometry cartesian)")
+        j, k, l = (x[..., self.rows[:, m], :] for m in range(1, 4))
+        axis = torch.rad2deg(_angle(j - k, l - k)).reshape(len(x), len(zm.rows))
+        angles = torch.cat([theta, axis], -1)
+        triples = [(zm.root[2], zm.root_bond, a1 if zm.root_bond == a0 else a0),
+                   *(r[:3] for r in zm.rows), *(r[1:] for r in zm.rows)]  # fmt: skip
+        bad = (angles < margin_deg) | (angles > 180 - margin_deg)
+        r = len(zm.rows) + 1  # an axis reference is refused where it is straight in over 1 %
+        refused = torch.cat([bad[:, :r].any(0), bad[:, r:].double().mean(0) > AXIS_FRACTION])
+        if not refused.any():
+            return
+        m = int(refused.nonzero()[0])
+        a = angles[:, m]
+        worst = float(a[torch.minimum(a, 180 - a).argmin()])
+        what = f"the angle {'-'.join(map(str, triples[m]))}" if m < r else (
+            f"the torsion reference of atom {zm.rows[m - r][0]}: the angle "
+            f"{'-'.join(map(str, triples[m]))}")  # fmt: skip
+        head = (f"{what} reaches {worst:.1f} degrees in {int(bad[:, m].sum())} molecules: "
+                f"internal coordinates need every Z-matrix angle i-j-k, and every torsion's "
+                f"j-k-l in {100 * (1 - AXIS_FRACTION):g} % of the molecules, at least "
+                f"{margin_deg:g} degrees from 0 and 180")  # fmt: skip
+        if _linear(x):
+            raise ValueError(f"{head}, and this molecule is linear (all its atoms on one line),"
+                             " so it has no frame of internal coordinates; use --geometry "
+                             "cartesian")  # fmt: skip
+        if not STRAIGHT_DEG < float(a.median()) < 180 - STRAIGHT_DEG:  # a linear group the
+            # Z-matrix was not told of (straight in the median, as `straight_angles` finds)
+            raise ValueError(f"{head}; these atoms are on a straight line (a linear group "
+                             "such as a nitrile or alkyne): build the Z-matrix around the "
+                             "data's straight angles, build_zmatrix(..., straight="
+                             "straight_angles(P, bonds)), as `grassflow train --data` does")
+        raise ValueError(f"{head}; it is straight in only some of them, which the Z-matrix's "
+                         "references (chosen from the median angles) cannot avoid; use "
+                         "--geometry cartesian")  # fmt: skip
+
+
+def _linear(x: Tensor, ratio: float = 0.1) -> bool:
+    """Whether molecules ``x: (N, n, 3)`` are linear: in the median molecule the spread off
+    the principal axis is below ``ratio`` of the spread along it."""
+    s = torch.linalg.svdvals(x - x.mean(-2, keepdim=True))
+    return bool((s[:, 1] / s[:, 0].clamp_min(torch.finfo(x.dtype).tiny)).median() < ratio)
+
+
+def straight_angles(P: Tensor, bonds, max_bonds: int = 4, tol_deg: float = STRAIGHT_DEG,
+                    max_molecules: int = 500,
+                    chunk: int = 4096) -> tuple[tuple[int, int, int], ...]:  # fmt: skip
+    """The straight angles of molecules ``P: (N, n, 3)``: every ``(a, b, c)`` (``a < c``, a
+    and c within ``max_bonds`` bonds of b in the graph ``bonds: (B, 2)``) whose median angle
+    at b over the molecules (at most ``max_molecules`` of them, evenly spaced) is within
+    ``tol_deg`` of 180 degrees: three collinear atoms, b in the middle (their angles at a
+    and c are then near 0), for `grassflow.manifolds.zmatrix.build_zmatrix`'s ``straight``.
+    """
+    if not isinstance(P, Tensor) or P.dim() != 3 or P.shape[-1] != 3 or len(P) == 0:
+        raise ValueError(f"P must be (N, n, 3) molecules, got "
+                         f"{tuple(P.shape) if isinstance(P, Tensor) else type(P).__name__}")
+    n = P.shape[1]
+    near = [[a for a, d in enumerate(row) if 0 < d <= max_bonds]
+            for row in graph_distances(n, bonds)]  # fmt: skip
+    triples = [(a, b, c) for b in range(n) for i, a in enumerate(near[b]) for c in near[b][i + 1:]]
+    if not triples:
+        return ()
+    keep = torch.linspace(0, len(P) - 1, min(len(P), max_molecules), dtype=torch.float64)
+    P = P[keep.round().long().to(P.device)]
+    t = torch.tensor(triples, dtype=torch.long, device=P.device)
+    median = torch.cat([torch.rad2deg(_angle(P[:, s[:, 0]] - P[:, s[:, 1]], P[:, s[:, 2]]
+                                             - P[:, s[:, 1]])).median(0).values
+                        for s in t.split(chunk)])  # fmt: skip
+    return tuple(triples[m] for m in (median > 180 - tol_deg).nonzero()[:, 0].tolist())

@@ -13,6 +13,18 @@ with ``j, k, l`` placed before it. `build_zmatrix` chooses them by these rules:
   hydrogen on an atom after the first takes the previous one as its torsion reference
   (``l`` = a sibling), so that its torsion is the stiff ~120° between the two.
 
+Linear groups (``straight``): atoms on a straight line (a nitrile N#C-C, an alkyne
+C-C#C-C, an allene's C=C=C, and atoms that line up with them such as benzonitrile's para
+carbon) make no angle or torsion axis: the torsion about a straight angle is undefined and
+``sin(theta) = 0`` in the volume. Given the data's straight triples (`straight`, found from
+conformers by `grassflow.manifolds.internal.straight_angles`), three collinear atoms never
+form the root, an angle ``i-j-k`` or a torsion axis with its reference ``j-k-l``: ``k`` is
+then the nearest placed atom off the line through i and j (e.g. an ortho ring carbon for
+benzonitrile's N, not bonded to j), and ``l`` the nearest one off the line through j and k
+(but-2-yn-1-ol's methyl hydrogens take the O). A rod's bend is then two smooth coordinates
+about a bent axis. A molecule without straight triples gets the same Z-matrix as without
+the argument; a linear molecule (HC#CH, CO2) has no frame and is refused.
+
 Geminal hydrogens (``swaps``): swapping the labels of two hydrogens on one atom is a
 symmetry of the molecule (the energy cannot tell), but conformers generated from different
 embeddings come with either order, so the sign of the second hydrogen's torsion about its
@@ -44,7 +56,7 @@ import dataclasses
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["ZMatrix", "build_zmatrix", "ring_atoms"]
+__all__ = ["ZMatrix", "build_zmatrix", "graph_distances", "ring_atoms"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,10 @@ class ZMatrix:
             ``i-j-k``, torsion ``i-j-k-l``.
         swaps: ``(a, b)`` per atom with two or more hydrogens (see the module doc): b's row
             is ``(b, j, k, a)``.
+        straight: ``(a, b, c)`` with ``a < c``: three collinear atoms, b between a and c
+            (the angle a-b-c near 180 degrees in the data), that no angle and no torsion axis
+            with its reference may be made of (see the module doc); () in `to_dict` is left
+            out, so that a Z-matrix without them reads as before.
     """
 
     n_atoms: int
@@ -70,6 +86,7 @@ class ZMatrix:
     cartesian: tuple[int, ...] = ()
     rows: tuple[tuple[int, int, int, int], ...] = ()
     swaps: tuple[tuple[int, int], ...] = ()
+    straight: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self):  # JSON gives lists
         object.__setattr__(self, "root", tuple(int(a) for a in self.root))
@@ -93,6 +110,16 @@ class ZMatrix:
         for a, b in self.swaps:
             if b not in row_of or row_of[b][3] != a:
                 raise ValueError(f"swap {(a, b)}: b must have a row with torsion reference a")
+        object.__setattr__(self, "straight", _straight(self.n_atoms, self.straight))
+        line = {frozenset(t) for t in self.straight}
+        root = (a2, self.root_bond, a1 if self.root_bond == a0 else a0)
+        if frozenset(root) in line:
+            raise ValueError(f"the root angle {_dash(root)} is straight (in straight)")
+        for i, j, k, l in self.rows:
+            for what, t in (("angle", (i, j, k)), ("torsion axis and reference", (j, k, l))):
+                if frozenset(t) in line:
+                    raise ValueError(f"row {(i, j, k, l)}: its {what} {_dash(t)} is straight "
+                                     "(in straight)")  # fmt: skip
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -104,25 +131,80 @@ class ZMatrix:
         """3 n - 6: the coordinates besides the frame's orientation."""
         return 3 + 3 * len(self.cartesian) + 3 * len(self.rows)
 
+    @property
+    def rods(self) -> tuple[tuple[int, ...], ...]:
+        """The linear groups of `straight`, sorted atoms each: the lines (collinear triples
+        joined where they share two atoms, as two points fix a line) through a straight angle
+        between two of the Z-matrix's bonds (a nitrile's N-C-C, and atoms in line with it
+        such as benzonitrile's para C and H; not a benzene ring's para axes)."""
+        groups: list[set[int]] = []
+        for t in self.straight:
+            joined = [g for g in groups if len(g & set(t)) >= 2]
+            groups = [g for g in groups if g not in joined] + [set(t).union(*joined)]
+        tree = self._bonds()
+        rod = lambda g: any(t[0] in tree[t[1]] and t[2] in tree[t[1]] and set(t) <= g
+                            for t in self.straight)  # noqa: E731
+        return tuple(sorted(tuple(sorted(g)) for g in groups if rod(g)))
+
+    def _bonds(self) -> dict[int, set[int]]:
+        """The bonds the Z-matrix holds (all but ring closures), as neighbour sets."""
+        a0, a1, a2 = self.root
+        tree: dict[int, set[int]] = {a: set() for a in range(self.n_atoms)}
+        for a, b in [(a0, a1), (a2, self.root_bond), *(r[:2] for r in self.rows)]:
+            tree[a].add(b)
+            tree[b].add(a)
+        return tree
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not self.straight:  # as before linear groups: the same config, the same runs
+            del d["straight"]
+        return d
 
     def describe(self, symbols: list[str] | None = None) -> str:
-        """The Z-matrix as lines of text (atoms as ``C3`` with ``symbols``, else ``3``)."""
+        """The Z-matrix as lines of text (atoms as ``C3`` with ``symbols``, else ``3``), with a
+        note on each row whose bonded references lie on a straight line (`rods`)."""
         name = (lambda a: f"{symbols[a]}{a}") if symbols else str
         a0, a1, a2 = self.root
         other = a1 if self.root_bond == a0 else a0
         lines = [f"Z-matrix of {self.n_atoms} atoms (bond, angle, torsion references):",
                  f"  {name(a0)}: origin", f"  {name(a1)}: bond {name(a0)}",
                  f"  {name(a2)}: bond {name(self.root_bond)}, angle {name(other)}"]  # fmt: skip
+        if self.rods:
+            lines.insert(1, "  on a straight line in the data (no angle or torsion axis along "
+                         "it): " + "; ".join(" ".join(map(name, g)) for g in self.rods))
         if self.cartesian:
             lines.append("  ring atoms in the frame of the first three (x, y, z): "
                          + " ".join(name(a) for a in self.cartesian))  # fmt: skip
+        line, tree = {frozenset(t) for t in self.straight}, self._bonds()
         half = {b for _, b in self.swaps}
-        lines += [f"  {name(i)}: bond {name(j)}, angle {name(k)}, torsion {name(l)}"
-                  + (" (in (0, 180): geminal pair, symmetrized)" if i in half else "")
-                  for i, j, k, l in self.rows]  # fmt: skip
+        for i, j, k, l in self.rows:
+            notes = [" (in (0, 180): geminal pair, symmetrized)"] if i in half else []
+            # a bonded reference skipped because it is on a line: say which, and the choice
+            notes += [f" (linear: {name(i)}-{name(j)}-{name(x)} straight, so the angle is to "
+                      f"{name(k)})" for x in sorted(tree[j]) if {i, j, x} in line][:1]
+            notes += [f" (linear: {name(j)}-{name(k)}-{name(x)} straight, so the torsion is "
+                      f"from {name(l)})" for x in sorted(tree[k])
+                      if x != j and {j, k, x} in line][:1]  # fmt: skip
+            lines.append(f"  {name(i)}: bond {name(j)}, angle {name(k)}, torsion {name(l)}"
+                         + "".join(notes))
         return "\n".join(lines)
+
+
+def _dash(atoms) -> str:
+    return "-".join(map(str, atoms))
+
+
+def _straight(n: int, triples) -> tuple[tuple[int, int, int], ...]:
+    """``triples`` as sorted ``(a, b, c)`` with ``a < c``; refuses atoms out of range."""
+    out = set()
+    for t in triples:
+        a, b, c = (int(v) for v in t)
+        if len({a, b, c}) != 3 or not all(0 <= v < n for v in (a, b, c)):
+            raise ValueError(f"straight triple {tuple(t)} is not three distinct atoms in "
+                             f"0..{n - 1}")  # fmt: skip
+        out.add((min(a, c), b, max(a, c)))
+    return tuple(sorted(out))
 
 
 def _adjacency(n: int, bonds) -> list[list[int]]:
@@ -151,6 +233,13 @@ def _distances(adj: list[list[int]], source: int) -> list[int]:
     return dist
 
 
+def graph_distances(n: int, bonds) -> list[list[int]]:
+    """``D[a][b]``: bonds on the shortest path between atoms a and b of the graph ``bonds:
+    (B, 2)`` on n atoms (-1: not connected)."""
+    adj = _adjacency(n, bonds)
+    return [_distances(adj, a) for a in range(n)]
+
+
 def ring_atoms(n: int, bonds) -> set[int]:
     """The atoms that lie on a cycle of the bond graph (both ends of every non-bridge bond)."""
     adj = _adjacency(n, bonds)
@@ -171,7 +260,7 @@ def ring_atoms(n: int, bonds) -> set[int]:
 
 
 def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = False,
-                  swaps: bool = True) -> ZMatrix:  # fmt: skip
+                  swaps: bool = True, straight=None) -> ZMatrix:  # fmt: skip
     """The Z-matrix of a connected molecule of ``n >= 3`` atoms (rules in the module doc).
 
     Args:
@@ -183,9 +272,15 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Fa
         cartesian_rings: place ring atoms as a Cartesian block in the root frame; False
             (the default): ring atoms get Z-matrix rows too (ring-closing bonds implicit).
         swaps: list the geminal hydrogen pairs (`ZMatrix.swaps`); False: none.
+        straight: ``(a, b, c)`` triples of collinear atoms, b in the middle (the angle a-b-c
+            near 180 degrees; either order of a and c), e.g.
+            `grassflow.manifolds.internal.straight_angles` of conformers: no root, angle or
+            torsion axis with its reference is made of three of them. None or (): the bond
+            graph alone decides.
 
     Raises:
-        ValueError: fewer than 3 atoms, a bond out of range, or a disconnected graph.
+        ValueError: fewer than 3 atoms, a bond out of range, a disconnected graph, or a
+            linear molecule (every chain of three bonded atoms in ``straight``).
     """
     if n < 3:
         raise ValueError(f"internal coordinates need at least 3 atoms, got {n}")
@@ -199,23 +294,25 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Fa
         lost = [a for a in range(n) if dist[0][a] < 0]
         raise ValueError(f"the bond graph is not connected: atoms {lost} are not reachable "
                          "from atom 0 (one molecule per cloud)")  # fmt: skip
+    straight = _straight(n, straight or ())
+    line = {frozenset(t) for t in straight}
+    bent = lambda *t: frozenset(t) not in line  # noqa: E731
     rings = ring_atoms(n, bonds) if cartesian_rings else set()
     prefer = lambda a: (not heavy[a], a)  # heavy first, then by index
 
-    # the root: in a ring if there is one, else the most central heavy atom
+    # the root: in a ring if there is one, else the most central heavy atom; then the next
+    # ones (all atoms last) until three bonded atoms make a bent angle
     pool = sorted(rings) if rings else [a for a in range(n) if heavy[a]] or list(range(n))
-    a0 = min(pool, key=lambda a: (max(dist[a]), -len(adj[a]), a))
-    near0 = sorted(adj[a0], key=lambda b: (b not in rings, *prefer(b)))
-    a1 = near0[0]
-    if len(near0) > 1:
-        a2, root_bond = near0[1], a0
-    else:  # a0 has one neighbour: a2 hangs off a1
-        a2 = sorted((b for b in adj[a1] if b != a0), key=lambda b: (b not in rings, *prefer(b)))
-        if not a2:
-            raise ValueError("internal coordinates need a chain of three bonded atoms")
-        a2, root_bond = a2[0], a1
+    pool = sorted(pool, key=lambda a: (max(dist[a]), -len(adj[a]), a))
+    pool += sorted(set(range(n)) - set(pool))
+    root = next((r for a0 in pool if (r := _root(a0, adj, rings, prefer, bent))), None)
+    if root is None:
+        raise ValueError("every chain of three bonded atoms is straight: a linear molecule "
+                         "(e.g. HC#CH, CO2) has no frame of internal coordinates; use "
+                         "--geometry cartesian" if line else
+                         "internal coordinates need a chain of three bonded atoms")
+    a0, a1, a2, root_bond = root
     placed = [a0, a1, a2]
-    cartesian: list[int] = []
     parent: dict[int, int] = {}
     # breadth-first from the root: ring atoms join the Cartesian block as they are reached
     queue = deque(placed)
@@ -236,16 +333,13 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Fa
     hydrogens: dict[int, list[int]] = {}  # placed hydrogens (in rows) per atom
     for i in rest:
         j = parent[i]
-        k = _nearest(j, [a for a in placed if a != j], dist, prefer)
-        candidates = sorted((a for a in placed if a not in (j, k)),
-                            key=lambda a: (dist[k][a], *prefer(a)))  # fmt: skip
-        # a sibling (placed, bonded to j) in placement order, if the natural choice is taken
-        siblings = [a for a in placed if a in adj[j] and a != k]
         before = hydrogens.get(j, []) if not heavy[i] and len(adj[i]) == 1 else []
-        ring = [a for a in placed if a in rings and a in adj[j] and a != k] if j in rings else []
-        for l in [*before[-1:], *ring[:1], candidates[0], *siblings, *candidates[1:]]:
+        for k, l in _references(i, j, placed, before, adj, dist, rings, prefer, bent):
             if (j, k, l) not in used:
                 break
+        else:
+            raise ValueError(f"atom {i}: no atoms placed before it give a bent angle {i}-{j}-k "
+                             f"and a bent {j}-k-l (a linear molecule?)")  # fmt: skip
         if len(before) == 1 and l == before[0] and swaps:
             pairs.append((l, i))
         if not heavy[i] and len(adj[i]) == 1:
@@ -253,8 +347,37 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Fa
         used.add((j, k, l))
         rows.append((i, j, k, l))
         placed.append(i)
-    return ZMatrix(n, (a0, a1, a2), root_bond, tuple(cartesian), tuple(rows), tuple(pairs))
+    return ZMatrix(n, (a0, a1, a2), root_bond, tuple(cartesian), tuple(rows), tuple(pairs),
+                   straight)
 
 
-def _nearest(j: int, pool: list[int], dist: list[list[int]], prefer) -> int:
-    return min(pool, key=lambda a: (dist[j][a], *prefer(a)))
+def _references(i, j, placed, before, adj, dist, rings, prefer, bent):
+    """The ``(k, l)`` choices for atom i bonded to j, best first: k the placed atoms nearest
+    to j off the line i-j (heavy first); for each, l the previous hydrogen on j, j's other
+    ring neighbour, the nearest to k, a sibling (bonded to j), the others, off the line j-k."""
+    for k in sorted((a for a in placed if a != j), key=lambda a: (dist[j][a], *prefer(a))):
+        if not bent(i, j, k):
+            continue
+        candidates = sorted((a for a in placed if a not in (j, k)),
+                            key=lambda a: (dist[k][a], *prefer(a)))  # fmt: skip
+        # a sibling (placed, bonded to j) in placement order, if the natural one is taken
+        siblings = [a for a in placed if a in adj[j] and a != k]
+        ring = [a for a in placed if a in rings and a in adj[j] and a != k] if j in rings else []
+        for l in [*before[-1:], *ring[:1], candidates[0], *siblings, *candidates[1:]]:
+            if l not in (j, k) and bent(j, k, l):
+                yield k, l
+
+
+def _root(a0: int, adj, rings, prefer, bent) -> tuple[int, int, int, int] | None:
+    """``(a0, a1, a2, root_bond)`` from ``a0``: a1 its first neighbour, a2 its next one (the
+    angle at a0), else a neighbour of a1 (the angle at a1); the first bent choice."""
+    near0 = sorted(adj[a0], key=lambda b: (b not in rings, *prefer(b)))
+    for a1 in near0:
+        for a2 in near0:
+            if a2 != a1 and bent(a2, a0, a1):
+                return a0, a1, a2, a0
+        for a2 in sorted((b for b in adj[a1] if b != a0), key=lambda b: (b not in rings,
+                                                                         *prefer(b))):
+            if bent(a2, a1, a0):
+                return a0, a1, a2, a1
+    return None

@@ -38,6 +38,7 @@ from ..data.molecule_files import find_hand, molblock_charges, write_sdf
 from ..data.point_clouds import element_symbol, labels_path, load_point_clouds, save_clouds
 from ..flows import InternalFlow, InternalFlowConfig, ShapeFlow, ShapeFlowConfig
 from ..flows.internal_flow import choose_mirror_row
+from ..manifolds.internal import straight_angles
 from ..manifolds.shape_paths import GEOMETRIES
 from ..manifolds.zmatrix import build_zmatrix
 from ..metrics import histogram, jsd
@@ -73,7 +74,7 @@ two-part ShapeFlow (GrCNF on the spans + Gram density), removed in issue 34."""
 # preset fields added after runs were made: the value those runs had without saying so
 # (a preset without ``model`` is a two-part ShapeFlow run's)
 ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot", "geometry": "cartesian",
-                "ring_block": True, "mirror_row": None}
+                "ring_block": True, "mirror_row": None, "zmatrix": None}
 # preset fields of the removed two-part model: a baseline run's saved values of them are ignored
 REMOVED_FIELDS = ("potential", "prior", "objective", "gram", "gram_density", "gram_components")
 
@@ -176,6 +177,10 @@ class ShapeExperiment:
             over by reflection (`grassflow.flows.internal_flow.choose_mirror_row`). Set by
             `run` for a new run on a molecule without a hand (None for a chiral one, which
             keeps its hand); a continued run keeps its saved value.
+        zmatrix: the internal geometry's `grassflow.manifolds.zmatrix.ZMatrix` as a dict,
+            built by `run` for a new run around the training conformers' straight angles
+            (`grassflow.manifolds.internal.straight_angles`: nitriles, alkynes); a continued
+            run keeps its saved one. None (runs before linear groups): built from the bonds.
         bonds, bond_orders, smiles: the molecule's bond table ``((i, j), ...)``, its orders
             and SMILES, read from the data (None when it has none).
         use_bonds: give the model the bond graph (the field's edge features). None, the
@@ -217,6 +222,7 @@ class ShapeExperiment:
     hand: tuple[int, ...] | None = None
     ring_block: bool = False
     mirror_row: int | None = None
+    zmatrix: dict | None = None
 
     def __post_init__(self):
         refuse_removed_model(self.model)
@@ -347,7 +353,7 @@ def build_model(exp: ShapeExperiment) -> ShapeFlow | InternalFlow:
     if exp.geometry == "internal":
         config = InternalFlowConfig(exp.n_points, exp.bonds, exp.labels, exp.ring_block,
                                     hidden=(exp.hidden,) * 2, transforms=exp.layers,
-                                    mirror_row=exp.mirror_row)  # fmt: skip
+                                    mirror_row=exp.mirror_row, zmatrix=exp.zmatrix)  # fmt: skip
         with seeded_init(exp.flow.seed):
             return InternalFlow.from_config(config).double()
     labels = None if exp.labels is None or not exp.efm_labels else exp.labels
@@ -425,7 +431,8 @@ def run(
     if internal:
         exp.flow = _internal_schedule(exp.flow)
     if old:
-        exp = dataclasses.replace(exp, hand=old.get("hand"), mirror_row=old.get("mirror_row"))
+        exp = dataclasses.replace(exp, hand=old.get("hand"), mirror_row=old.get("mirror_row"),
+                                  zmatrix=old.get("zmatrix"))  # fmt: skip
         trained = old.get("flow", {}).get("dtype", "float64")
         if exp.flow.dtype == _flow_config().dtype:  # the preset's: a run continues as trained
             exp.flow = exp.flow.replace(dtype=trained)
@@ -433,9 +440,10 @@ def run(
         exp = dataclasses.replace(exp, hand=find_hand(splits["train"].numpy(), exp.bonds))
     elif internal:  # the torsions carry a hand; an achiral molecule's is symmetrized
         hand = find_hand(splits["train"].numpy(), exp.bonds)
-        zm = build_zmatrix(n, exp.bonds, exp.labels, exp.ring_block)
-        exp = dataclasses.replace(exp, mirror_row=None if hand is not None else choose_mirror_row(
-            zm, splits["train"], exp.labels))  # fmt: skip
+        zm = build_zmatrix(n, exp.bonds, exp.labels, exp.ring_block,
+                           straight=straight_angles(splits["train"], exp.bonds))  # linear groups
+        mirror = None if hand is not None else choose_mirror_row(zm, splits["train"], exp.labels)
+        exp = dataclasses.replace(exp, zmatrix=zm.to_dict(), mirror_row=mirror)
         if exp.mirror_row is not None:
             print(f"mirror: no atom keeps one hand in the training conformers, so the model is "
                   f"symmetric under reflection (canonical sign: the torsion of Z-matrix row "
