@@ -9,9 +9,11 @@ that a Gaussian in the (n - 1) 3 centred coordinates is a good importance propos
 * ``methanol``: C, O and four hydrogens: one geminal pair (the model's 2^-s symmetrization);
 * ``ring5``: a 4-ring with a tail atom: one atom in the Cartesian ring block.
 
+Each also with the torsions on the circle (``-torus``: `TorusSplineFlow`, issue 46).
+
 Independent computations: importance sampling with a normalized Gaussian (integrates to
 one, with power guards against each plausible missing factor); the full change of
-variables from zuko's base variable (its base distribution's own log_prob) by autograd
+variables from the spline flow's base variable (the base's own log_prob) by autograd
 (the value of log_prob); self-normalized importance sampling against the sampler and a
 sampler written out by hand; rigid motions, label swaps and the mirror image; and ring
 bonds of sampled cyclohexane.
@@ -41,6 +43,9 @@ SMALL = {
     ),  # fmt: skip
     "ring5": dict(n_points=5, bonds=((0, 1), (1, 2), (2, 3), (3, 0), (0, 4)), cartesian_rings=True),
 }
+# the same molecules with the torsions on the circle (`TorusSplineFlow`, issue 46)
+SMALL.update({f"{name}-torus": {**kw, "torus": True, "whiten": "diagonal"}
+              for name, kw in list(SMALL.items())})
 _built: dict = {}
 
 
@@ -72,7 +77,8 @@ def _small(name: str) -> InternalFlow:
     """The trained model of ``SMALL[name]`` (built once per session)."""
     if name not in _built:
         torch.manual_seed(10)
-        model = InternalFlow(InternalFlowConfig(**SMALL[name], transforms=2, hidden=(32, 32)))
+        model = InternalFlow(InternalFlowConfig(**SMALL[name], transforms=2 + 2 * SMALL[name].get(
+            "torus", False), hidden=(32, 32)))  # fmt: skip
         model = model.double()
         g = torch.Generator().manual_seed(11)
         data = _broad(model, 4000, g)
@@ -119,7 +125,7 @@ def test_integrates_to_one_by_importance_sampling(name):
         q = model.ic(x)[1]
         # the flow is not the identity (else a wrong spline log-det would go unseen)
         w_flow = model.whiten(model.unbounded(model.ic(model.canonical(x))[1])[0])
-        flow_ladj = model.flow().transform.call_and_ladj(w_flow)[1]
+        flow_ladj = model.to_base(w_flow)[1]
     assert flow_ladj.abs().mean() > 0.2, flow_ladj.abs().mean()
     w = (lp - log_q).exp()
     se = (w.std() / N_MC**0.5).item()
@@ -155,25 +161,21 @@ def test_log_prob_is_the_change_of_variables_from_the_base_variable(name):
     model = _small(name)
     n = model.n_points
     H = helmert_basis(n, F64)
-    flow = model.flow()
-    T = flow.transform
     s = len(model.zmatrix.swaps) + int(model.config.mirror_row is not None)
     g = torch.Generator().manual_seed(2)
-    with torch.random.fork_rng():
-        torch.manual_seed(2)
-        points = flow.base.sample((3,))
+    points = model.sample_base(3, torch.Generator().manual_seed(2))
     for eps in points:
         R0 = _rotation(g)
 
         def z_of(v, R0=R0):
             R = R0 @ torch.linalg.matrix_exp(_skew(v[:3]))
-            u = model.loc + model.scale_tril @ T.inv(v[3:])
+            u = model.loc + model.scale_tril @ model.from_base(v[None, 3:])[0]
             return (H.mT @ model.ic.inverse(R, model.bounded(u))).reshape(-1)
 
         v0 = torch.cat([torch.zeros(3, dtype=F64), eps])
         jac = torch.autograd.functional.jacobian(z_of, v0)
         assert jac.shape == (3 * (n - 1), 3 * (n - 1))
-        log_base = flow.base.log_prob(eps)
+        log_base = model.base_log_prob(eps[None])[0]
         want = log_base - torch.linalg.slogdet(jac)[1] - LOG_8PI2 - s * math.log(2)
         x = (H @ z_of(v0).reshape(n - 1, 3))[None]
         with torch.no_grad():
@@ -218,10 +220,7 @@ def _by_hand(model: InternalFlow, N: int, g: torch.Generator) -> dict:
     probability 1/2), and the same draws through one plausible bug each (for the power
     guard): ``{name: x}``."""
     with torch.no_grad():
-        T = model.flow().transform
-        with torch.random.fork_rng():
-            torch.manual_seed(int(torch.randint(2**31, (1,), generator=g)))
-            eps = model.flow().base.sample((N,))
+        eps = model.sample_base(N, g)
         quat = torch.randn(N, 4, generator=g, dtype=F64)  # Haar: a uniform unit quaternion
         a, b, c, d = (quat / quat.norm(dim=-1, keepdim=True)).unbind(-1)
         R = torch.stack([1 - 2 * (c * c + d * d), 2 * (b * c - a * d), 2 * (b * d + a * c),
@@ -230,8 +229,8 @@ def _by_hand(model: InternalFlow, N: int, g: torch.Generator) -> dict:
                         -1).reshape(N, 3, 3)  # fmt: skip
         flips = [torch.rand(N, generator=g) < 0.5 for _ in model.zmatrix.swaps]
         mirror = torch.rand(N, generator=g) < 0.5
-        w, w_forward = T.inv(eps), T(eps)
-        w_normal = T.inv(torch.randn(N, model.ic.dim, generator=g, dtype=F64))
+        w, w_forward = model.from_base(eps), model.to_base(eps)[0]
+        w_normal = model.from_base(torch.randn(N, model.ic.dim, generator=g, dtype=F64))
 
         def place(w, L, swap=True, reflect=True):
             x = model.ic.inverse(R, model.bounded(model.loc + (L @ w[..., None])[..., 0]))
@@ -243,8 +242,11 @@ def _by_hand(model: InternalFlow, N: int, g: torch.Generator) -> dict:
             return x
 
         L = model.scale_tril
-        out = {"by hand": place(w, L), "flow forward": place(w_forward, L),
-               "L transposed": place(w, L.mT), "normal base": place(w_normal, L)}  # fmt: skip
+        out = {"by hand": place(w, L), "flow forward": place(w_forward, L)}
+        if not model.config.torus or model.circular.any():  # else the base is N(0, I)
+            out["normal base"] = place(w_normal, L)
+        if model.config.whiten == "full":  # a diagonal L is its own transpose
+            out["L transposed"] = place(w, L.mT)
         if model.zmatrix.swaps:
             out["no swap"] = place(w, L, swap=False)
         if model.config.mirror_row is not None:

@@ -18,7 +18,8 @@ The pieces, each an exact bijection with its log-determinant:
    and a torsion's modes never straddle the cut.
 3. Whitening ``u -> L^{-1}(u - mu)``, fitted to the training data (`fit_normalization`): the
    full covariance (the ring block's correlations close rings; the torsions' take the
-   linear part of their couplings).
+   linear part of their couplings), or (``whiten="diagonal"``) each coordinate
+   standardized on its own.
 4. Geminal hydrogens (`ZMatrix.swaps`, e.g. the three of a methyl): their labels can swap
    without changing the molecule, and data from several embeddings hold both orders, so
    the sign of the second hydrogen's torsion about the first is a coin flip. The model
@@ -35,9 +36,13 @@ The pieces, each an exact bijection with its log-determinant:
    torsion of that Z-matrix row (an improper one, far from 0 and pi in the data: see
    `choose_mirror_row`) also lives in ``(0, pi)``, c reflects x where it is negative, and
    the model symmetrizes over the reflection as well.
-5. A rational-quadratic neural spline flow (zuko's ``NSF``, autoregressive by default) from
-   a Gaussian mixture fitted to the whitened data: one pass gives the exact log-density;
-   sampling inverts it.
+5. A rational-quadratic spline flow, one of two designs (``InternalFlowConfig.torus``):
+   ``torus=True``: every full torsion stays an angle on the circle (no cut, no logit in
+   step 2, not shifted or scaled in step 3), and `grassflow.nn.torus_splines.TorusSplineFlow`
+   maps R^a x T^c to a N(0, 1) x uniform base by coupling layers, circular splines on the
+   torsions (one pass each way: sampling costs what the density costs); ``torus=False``
+   (issue 41): zuko's ``NSF`` (autoregressive by default) from a Gaussian mixture fitted to
+   the whitened data, whose sampling inverts 3n - 6 passes.
 
 A bond is then one coordinate with its own small spread, so a broken bond is nearly
 impossible, which a Cartesian field has to learn to 1 %.
@@ -65,6 +70,7 @@ from torch import Tensor, nn
 
 from ..manifolds.internal import LOG_SO3_VOLUME, InternalCoordinates, random_rotation
 from ..manifolds.zmatrix import ZMatrix, build_zmatrix
+from ..nn.torus_splines import TorusSplineFlow
 
 __all__ = ["InternalFlow", "InternalFlowConfig", "choose_mirror_row"]
 
@@ -106,6 +112,12 @@ class InternalFlowConfig:
         dim: 3 (molecules in space; the field is there so that the contract reads alike).
         mirror_row: index of the Z-matrix row whose torsion's sign the model symmetrizes
             over by reflection (an achiral molecule, `choose_mirror_row`); None: none.
+        torus: the torsions on the circle: a `grassflow.nn.torus_splines.TorusSplineFlow`
+            (coupling layers, circular splines on the torsions, a N(0, 1) x uniform base;
+            ``passes`` and ``components`` unused); False: each torsion cut open at its
+            emptiest angle and zuko's ``NSF`` from a Gaussian mixture (issue 41).
+        whiten: ``"full"``: the real coordinates (all but the circular torsions) whitened by
+            their full covariance; ``"diagonal"``: each standardized on its own.
     """
 
     n_points: int
@@ -120,6 +132,8 @@ class InternalFlowConfig:
     dim: int = 3
     mirror_row: int | None = None
     components: int = 8
+    torus: bool = False
+    whiten: str = "full"
 
     def __post_init__(self):
         object.__setattr__(self, "bonds", tuple((int(i), int(j)) for i, j in self.bonds))
@@ -131,6 +145,8 @@ class InternalFlowConfig:
                                  f"{len(self.labels)}")  # fmt: skip
         if self.dim != 3:
             raise ValueError(f"internal coordinates are for molecules in 3-D, got dim={self.dim}")
+        if self.whiten not in ("full", "diagonal"):
+            raise ValueError(f"whiten must be 'full' or 'diagonal', got {self.whiten!r}")
         if self.passes not in (None, 2):
             raise ValueError(f"passes must be None (autoregressive) or 2 (coupling), got "
                              f"{self.passes!r}")  # fmt: skip
@@ -178,14 +194,6 @@ class InternalFlow(nn.Module):
         self.chunk_size = 1024  # molecules per likelihood call in `evaluate`
         self.ic = InternalCoordinates(ZMatrix(**config.zmatrix))
         m = self.ic.dim
-        zuko = _zuko()
-        nsf = zuko.flows.NSF(m, transforms=config.transforms, bins=config.bins,
-                             hidden_features=config.hidden, passes=config.passes)
-        for t in nsf.transform.transforms:  # the identity at first: training starts from the
-            last = t.hyper[-1]  # mixture fitted to the data, not from a random warp of it
-            nn.init.zeros_(last.weight)
-            nn.init.zeros_(last.bias)
-        self.flow = zuko.flows.Flow(nsf.transform, zuko.flows.GMM(m, components=config.components))
         self.n_swaps = len(self.ic.zmatrix.swaps)
         self.register_buffer("loc", torch.zeros(m, dtype=torch.float64))
         self.register_buffer("scale_tril", torch.eye(m, dtype=torch.float64))
@@ -199,6 +207,23 @@ class InternalFlow(nn.Module):
             half[config.mirror_row] = True
         self.n_mirror = int(config.mirror_row is not None)
         self.register_buffer("half_turn", half, persistent=False)  # torsions in (0, pi)
+        nb, na = self.ic.n_bonds, self.ic.n_angles
+        circular = torch.zeros(m, dtype=torch.bool)
+        if config.torus:  # the torsions that live on the whole circle
+            circular[nb + na: nb + na + self.ic.n_torsions] = ~half
+        self.register_buffer("circular", circular, persistent=False)
+        if config.torus:
+            self.flow = TorusSplineFlow(circular, config.transforms, config.hidden, config.bins)
+        else:
+            zuko = _zuko()
+            nsf = zuko.flows.NSF(m, transforms=config.transforms, bins=config.bins,
+                                 hidden_features=config.hidden, passes=config.passes)
+            for t in nsf.transform.transforms:  # the identity at first: training starts from
+                last = t.hyper[-1]  # the mixture fitted to the data, not a random warp of it
+                nn.init.zeros_(last.weight)
+                nn.init.zeros_(last.bias)
+            self.flow = zuko.flows.Flow(nsf.transform,
+                                        zuko.flows.GMM(m, components=config.components))
         self.register_buffer("swap_rows", torch.tensor([row[b] for _, b in zm.swaps],
                                                        dtype=torch.long), persistent=False)
         self.register_buffer("swap_pairs", torch.tensor(zm.swaps, dtype=torch.long).reshape(
@@ -261,15 +286,22 @@ class InternalFlow(nn.Module):
         u = torch.cat([bonds.log(), torch.logit(s), block], -1)
         span = torch.where(self.half_turn, math.pi, TWO_PI).to(s_phi).expand_as(s_phi)
         scale = torch.cat([torch.full_like(s_theta, math.pi), span], -1)
-        ladj = -bonds.log().sum(-1) - (scale * s * (1 - s)).log().sum(-1)
+        log_d = (scale * s * (1 - s)).log()
+        on_circle = self.circular[self.ic.n_bonds: self.ic.n_bonds + log_d.shape[-1]]
+        if self.config.torus:  # circular torsions stay angles: no logit, no Jacobian
+            u = torch.where(self.circular, torch.cat([bonds.log(), torch.cat(
+                [theta, phi], -1), block], -1), u)  # fmt: skip
+            log_d = log_d.masked_fill(on_circle, 0.0)
+        ladj = -bonds.log().sum(-1) - log_d.sum(-1)
         return u, ladj
 
     def bounded(self, u: Tensor) -> Tensor:
         """The internal coordinates q of ``u`` (the inverse of `unbounded`)."""
         nb, na, nt = self.ic.n_bonds, self.ic.n_angles, self.ic.n_torsions
         log_b, a, t, block = u.split([nb, na, nt, self.ic.n_block], -1)
-        phi = torch.where(self.half_turn, math.pi * torch.sigmoid(t), torch.remainder(
-            self.cut + TWO_PI * torch.sigmoid(t) + math.pi, TWO_PI) - math.pi)  # fmt: skip
+        cut_open = self.cut + TWO_PI * torch.sigmoid(t) if not self.config.torus else t
+        phi = torch.where(self.half_turn, math.pi * torch.sigmoid(t),
+                          torch.remainder(cut_open + math.pi, TWO_PI) - math.pi)
         return torch.cat([log_b.exp(), math.pi * torch.sigmoid(a), phi, block], -1)
 
     def whiten(self, u: Tensor) -> Tensor:
@@ -296,12 +328,20 @@ class InternalFlow(nn.Module):
         smooth = counts + 0.5 * (counts.roll(1, 1) + counts.roll(-1, 1))
         self.cut.copy_(-math.pi + width * (smooth.argmin(1) + 0.5))
         u = self.unbounded(q)[0]
-        self.loc.copy_(u.mean(0))
-        cov = torch.cov(u.T).reshape(u.shape[1], u.shape[1])
+        real = ~self.circular  # the circular torsions are not shifted or scaled
+        self.loc.zero_()
+        self.loc[real] = u[:, real].mean(0)
+        r = u[:, real]
+        cov = torch.cov(r.T).reshape(r.shape[1], r.shape[1])
+        if self.config.whiten == "diagonal":
+            cov = torch.diag(cov.diagonal())
         cov = cov + 1e-8 * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype,
                                                               device=cov.device)  # fmt: skip
-        self.scale_tril.copy_(torch.linalg.cholesky(cov))
-        self._init_mixture(self.whiten(u))
+        L = torch.eye(len(u[0]), dtype=u.dtype, device=u.device)
+        L[real.nonzero(), real.nonzero()[:, 0]] = torch.linalg.cholesky(cov)
+        self.scale_tril.copy_(L)
+        if not self.config.torus:
+            self._init_mixture(self.whiten(u))
 
     @torch.no_grad()
     def _init_mixture(self, w: Tensor, iterations: int = 20) -> None:
@@ -366,7 +406,32 @@ class InternalFlow(nn.Module):
         u, ladj = self.unbounded(q)
         w = self.whiten(u)
         ladj = ladj - self.scale_tril.diagonal().log().sum()
-        return self.flow().log_prob(w) + ladj
+        eps, flow_ladj = self.to_base(w)
+        return self.base_log_prob(eps) + flow_ladj + ladj
+
+    # the spline flow between the whitened coordinates w and its base variable eps
+    def to_base(self, w: Tensor) -> tuple[Tensor, Tensor]:
+        """``eps: (B, m)`` of whitened coordinates ``w: (B, m)``, and ``log |d eps/dw|``."""
+        return self.flow.to_base(w) if self.config.torus else \
+            self.flow().transform.call_and_ladj(w)  # fmt: skip
+
+    def from_base(self, eps: Tensor) -> Tensor:
+        """The inverse of `to_base`."""
+        return self.flow.from_base(eps) if self.config.torus else self.flow().transform.inv(eps)
+
+    def base_log_prob(self, eps: Tensor) -> Tensor:
+        """The base density of ``eps: (B, m)``: the mixture, or N(0, 1) x uniform."""
+        return self.flow.base_log_prob(eps) if self.config.torus else \
+            self.flow().base.log_prob(eps)  # fmt: skip
+
+    def sample_base(self, m: int, generator: torch.Generator | None = None) -> Tensor:
+        """``(m, 3n - 6)`` draws of the base (``generator``: CPU, for reproducible draws)."""
+        if self.config.torus:
+            return self.flow.sample_base(m, generator)
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            torch.manual_seed(seed)
+            return self.flow().base.sample((m,))
 
     def log_prob(self, P: Tensor, labels: Tensor | None = None) -> Tensor:
         """Exact log-density of molecules ``P: (B, n, 3)`` -> ``(B,)`` in nats per molecule,
@@ -387,12 +452,7 @@ class InternalFlow(nn.Module):
     def _sample_q(self, m: int, generator: torch.Generator | None) -> Tensor:
         if not isinstance(m, int) or isinstance(m, bool) or m < 1:
             raise ValueError(f"number of samples must be an integer >= 1, got {m!r}")
-        flow = self.flow()
-        seed = int(torch.randint(2**62, (1,), generator=generator))
-        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
-            torch.manual_seed(seed)
-            eps = flow.base.sample((m,))
-        w = flow.transform.inv(eps)
+        w = self.from_base(self.sample_base(m, generator))
         u = self.loc + (self.scale_tril @ w[..., None])[..., 0]
         return self.bounded(u)
 
