@@ -39,21 +39,22 @@ def cmd_data_compare(args) -> None:
     print(sampler_check.markdown_table(result))
 
 
-def conformers_path(smiles: str) -> Path:
+def conformers_path(smiles: str, minimized: bool = False) -> Path:
     """Where ``data conformers`` writes by default: ``data/<smiles>.npz``, the SMILES cut to
     letters, digits and ``_`` (``CC(=O)O`` -> ``CC_O_O``; ``molecule`` if nothing is left),
-    long ones cut to 32 characters plus a hash of the whole."""
+    long ones cut to 32 characters plus a hash of the whole; ``-minimized`` before the
+    suffix for ``--minimized``."""
     name = re.sub(r"[^A-Za-z0-9]+", "_", smiles).strip("_") or "molecule"
     if len(name) > 40:
         name = f"{name[:32]}_{hashlib.sha1(smiles.encode()).hexdigest()[:8]}"
-    return Path("data") / f"{name}.npz"
+    return Path("data") / f"{name}{'-minimized' if minimized else ''}.npz"
 
 
 def cmd_data_conformers(args) -> None:
     from ..data import conformers
     from ..data.molecule_files import ensemble_chemistry, molblock_charges, write_sdf
 
-    out = Path(args.out) if args.out else conformers_path(args.smiles)
+    out = Path(args.out) if args.out else conformers_path(args.smiles, args.minimized)
     if out.suffix.lower() not in (".npz", ".sdf"):
         raise ValueError(f"--out {out}: expected a .npz or .sdf file")
     if out.exists() and not args.overwrite:
@@ -61,10 +62,15 @@ def cmd_data_conformers(args) -> None:
     given = {"temperature": args.temperature, "n_chains": args.chains,
              "burn_in": args.burn_in, "thin": args.thin}  # fmt: skip
     settings = {k: v for k, v in given.items() if v is not None}  # else the sampler's defaults
+    if args.minimized and settings:
+        flags = ", ".join("--" + k.replace("n_chains", "chains").replace("_", "-") for k in settings)
+        raise ValueError(f"{flags}: settings of the MCMC sampler, which --minimized does not run")
+    what = "MMFF94-minimized ETKDG embeddings" if args.minimized else "MMFF94 MCMC"
     if not args.no_progress:  # the sampler has no progress bar: say what the wait is for
-        print(f"sampling {args.n:,} conformers of {args.smiles} (MMFF94 MCMC) ...",
-              file=sys.stderr, flush=True)  # fmt: skip
-    ens = conformers.conformer_ensemble(args.smiles, args.n, seed=args.seed, **settings)
+        print(f"making {args.n:,} conformers of {args.smiles} ({what}) ...", file=sys.stderr,
+              flush=True)  # fmt: skip
+    ens = conformers.minimized_ensemble(args.smiles, args.n, seed=args.seed) if args.minimized \
+        else conformers.conformer_ensemble(args.smiles, args.n, seed=args.seed, **settings)
     if out.suffix.lower() == ".npz":
         conformers.save_ensemble(out, ens)
     else:
@@ -74,7 +80,9 @@ def cmd_data_conformers(args) -> None:
                   charges=molblock_charges(molblock))  # fmt: skip
     n_atoms, st = ens.positions.shape[1], ens.stats
     print(f"wrote {out}: {len(ens.positions):,} conformers of {args.smiles} ({n_atoms} atoms, "
-          f"{len(ens.bonds)} bonds; MALA acceptance {st['acceptance']:.2f}, "
+          f"{len(ens.bonds)} bonds; " + (f"minimized, {st['converged']} of {st['embedded']} "
+                                          "converged" if args.minimized else
+                                          f"MALA acceptance {st['acceptance']:.2f}") + ", "
           f"{st['cpu_seconds']:.0f} CPU s); train on it: grassflow train --data {out} "
           f"--run-dir runs/{out.stem}")
 
@@ -117,6 +125,9 @@ def add_commands(sub) -> None:
     p.add_argument("--out", help="a .npz (bonds, orders, molblock, SMILES kept) or .sdf file "
                                  "(default: data/<smiles>.npz)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--minimized", action="store_true",
+                   help="ETKDG embeddings, each MMFF94-minimized (what a conformer search or a "
+                        "user's SDF holds), instead of thermal MCMC samples")  # fmt: skip
     p.add_argument("--temperature", type=float, help="in K (default 300)")
     p.add_argument("--chains", type=int, help="independent MCMC chains (default 16)")
     p.add_argument("--burn-in", type=int, help="sweeps before the first kept state "

@@ -34,7 +34,7 @@ import numpy as np
 from .cloud_chemistry import PointClouds
 
 __all__ = ["KB_KCAL", "ConformerEnsemble", "cached_ensemble", "conformer_ensemble",
-           "load_ensemble", "save_ensemble"]  # fmt: skip
+           "load_ensemble", "minimized_ensemble", "save_ensemble"]  # fmt: skip
 
 KB_KCAL = 0.0019872043  # Boltzmann's constant in kcal/(mol K): kT = 0.596 kcal/mol at 300 K
 
@@ -179,13 +179,7 @@ def conformer_ensemble(
                          f"{step!r}")  # fmt: skip
     Chem, AllChem, Point3D = _rdkit()
     cpu0 = time.process_time()
-    mol = Chem.MolFromSmiles(smiles)
-    if mol is None:
-        raise ValueError(f"RDKit cannot parse the SMILES {smiles!r}")
-    mol = Chem.AddHs(mol)
-    props = AllChem.MMFFGetMoleculeProperties(mol)
-    if props is None:
-        raise ValueError(f"MMFF94 has no parameters for {smiles!r}")
+    mol, props = _molecule(Chem, AllChem, smiles)
     rng = np.random.default_rng(seed)
     x = _embed(Chem, AllChem, mol, n_chains, seed)  # (C, n_atoms, 3)
     conf = Chem.Conformer(mol.GetNumAtoms())  # any geometry: the force field takes positions
@@ -240,9 +234,6 @@ def conformer_ensemble(
             kept[k], energies[k] = x, u / beta
 
     positions = kept.reshape(-1, *x.shape[1:])[:n]
-    labels = np.array([a.GetAtomicNum() for a in mol.GetAtoms()], dtype=np.int64)
-    bonds = np.array(sorted(tuple(sorted((b.GetBeginAtomIdx(), b.GetEndAtomIdx())))
-                            for b in mol.GetBonds()), dtype=np.int64)  # fmt: skip
     stats = {
         "smiles": smiles, "n": n, "seed": seed, "temperature": temperature,
         "n_chains": C, "burn_in": burn_in, "thin": thin, "torsion_every": torsion_every,
@@ -253,8 +244,73 @@ def conformer_ensemble(
         "cpu_seconds": time.process_time() - cpu0,
     }  # fmt: skip
     sources = [f"{smiles}#chain{i % C}.state{i // C}" for i in range(len(positions))]
+    return _ensemble(mol, smiles, positions, sources, stats)
+
+
+def _molecule(Chem, AllChem, smiles: str):
+    """The molecule of ``smiles`` with explicit hydrogens, and its MMFF94 properties."""
+    mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        raise ValueError(f"RDKit cannot parse the SMILES {smiles!r}")
+    mol = Chem.AddHs(mol)
+    props = AllChem.MMFFGetMoleculeProperties(mol)
+    if props is None:
+        raise ValueError(f"MMFF94 has no parameters for {smiles!r}")
+    return mol, props
+
+
+def _ensemble(mol, smiles: str, positions: np.ndarray, sources: list[str], stats: dict
+              ) -> ConformerEnsemble:  # fmt: skip
+    labels = np.array([a.GetAtomicNum() for a in mol.GetAtoms()], dtype=np.int64)
+    bonds = np.array(sorted(tuple(sorted((b.GetBeginAtomIdx(), b.GetEndAtomIdx())))
+                            for b in mol.GetBonds()), dtype=np.int64)  # fmt: skip
     return ConformerEnsemble(positions, np.broadcast_to(labels, positions.shape[:2]).copy(),
                              sources, [], bonds=bonds, smiles=smiles, stats=stats)  # fmt: skip
+
+
+def minimized_ensemble(smiles: str, n: int, *, seed: int = 0, max_iters: int = 2000
+                       ) -> ConformerEnsemble:  # fmt: skip
+    """``n`` ETKDGv3 embeddings of ``smiles`` (hydrogens explicit), each MMFF94-minimized:
+    the conformers a conformer search gives, or a user's SDF holds (local minima, several
+    copies of each, both hands of a molecule without stereo marks), not a Boltzmann sample.
+
+    Every embedding is kept (no RMSD pruning); those that fail to embed or whose
+    minimization does not converge in ``max_iters`` steps are dropped and counted in
+    ``stats`` (``embedded``, ``converged``, ``mean_energy``, ``min_energy`` in kcal/mol,
+    ``cpu_seconds``). Deterministic given ``seed``. RDKit's embedder treats every
+    ``randomSeed`` 0 alike and returns one conformer ``n`` times, so seed ``s`` is passed as
+    ``s + 1``.
+
+    Raises:
+        ImportError: RDKit is not installed.
+        ValueError: bad settings, an unparsable SMILES, a molecule MMFF94 cannot type, or
+            no conformer that embedded and converged.
+    """
+    for name, v in (("n", n), ("max_iters", max_iters)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    Chem, AllChem, _ = _rdkit()
+    cpu0 = time.process_time()
+    mol, _ = _molecule(Chem, AllChem, smiles)
+    params = AllChem.ETKDGv3()
+    params.randomSeed = seed + 1
+    params.pruneRmsThresh = -1.0
+    params.numThreads = 1
+    ids = list(AllChem.EmbedMultipleConfs(mol, n, params))
+    results = AllChem.MMFFOptimizeMoleculeConfs(mol, numThreads=1, maxIters=max_iters)
+    keep = [(i, e) for i, (status, e) in zip(ids, results) if status == 0]
+    if not keep:
+        raise ValueError(f"no conformer of {smiles!r} embedded and converged "
+                         f"({len(ids)} of {n} embedded)")  # fmt: skip
+    positions = np.stack([mol.GetConformer(i).GetPositions() for i, _ in keep])
+    energies = np.array([e for _, e in keep])
+    stats = {"smiles": smiles, "n": n, "seed": seed, "minimized": True, "max_iters": max_iters,
+             "embedded": len(ids), "converged": len(keep), "mean_energy": float(energies.mean()),
+             "min_energy": float(energies.min()), "cpu_seconds": time.process_time() - cpu0}
+    sources = [f"{smiles}#embedding{i}" for i, _ in keep]
+    return _ensemble(mol, smiles, positions, sources, stats)
 
 
 def save_ensemble(path: str | os.PathLike, ens: ConformerEnsemble) -> Path:
