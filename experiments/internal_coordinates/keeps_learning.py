@@ -21,7 +21,9 @@ one thing: ``diagonal`` (each coordinate standardized alone), ``coupling`` (two-
 coupling NSF), ``one-gaussian`` (a one-component base), ``big`` (8 transforms of 256 x 256),
 ``lr3e-4``, ``cosine`` (the lr decays to 0 over the budget), ``batch512``, ``no-decay``,
 ``torus`` (circular splines on the torsions, coupling layers, a N(0,1) x uniform base,
-`grassflow.nn.torus_splines`), and combinations of the winners.
+`grassflow.nn.torus_splines`), and combinations of the winners. The
+``torus-*`` rows of a file were made before the circle's standardization
+(`grassflow.flows.internal_flow._moebius`) existed; ``moebius-*`` have it.
 
 Reported per variant: the validation curve (every 100 steps), the best step, the test NLL
 ± SEM at the best validation, the training loss there and at the end, and of 1,000 samples
@@ -66,6 +68,8 @@ VARIANTS = {
     "torus": dict(model=TORUS, train=dict(weight_decay=0.0)),
     "torus-cosine": dict(model=TORUS, train=dict(weight_decay=0.0, cosine=True)),
     "torus-full": dict(model={**TORUS, "whiten": "full"}, train=dict(weight_decay=0.0)),
+    "moebius-small": dict(model=dict(torus=True)),
+    "moebius-mid": dict(model=dict(torus=True, transforms=6, hidden=(128, 128))),
 }
 
 

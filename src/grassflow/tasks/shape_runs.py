@@ -74,7 +74,7 @@ two-part ShapeFlow (GrCNF on the spans + Gram density), removed in issue 34."""
 # preset fields added after runs were made: the value those runs had without saying so
 # (a preset without ``model`` is a two-part ShapeFlow run's)
 ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot", "geometry": "cartesian",
-                "ring_block": True, "mirror_row": None, "zmatrix": None}
+                "ring_block": True, "mirror_row": None, "zmatrix": None, "torus": False}
 # preset fields of the removed two-part model: a baseline run's saved values of them are ignored
 REMOVED_FIELDS = ("potential", "prior", "objective", "gram", "gram_density", "gram_components")
 
@@ -181,6 +181,10 @@ class ShapeExperiment:
             built by `run` for a new run around the training conformers' straight angles
             (`grassflow.manifolds.internal.straight_angles`: nitriles, alkynes); a continued
             run keeps its saved one. None (runs before linear groups): built from the bonds.
+        torus: the internal geometry's torsions live on the circle, with a coupling spline
+            flow (`InternalFlowConfig.torus`; the measured winner of issue 46: it keeps
+            learning); False: every torsion cut open, zuko's autoregressive NSF from a
+            Gaussian mixture (issue 41; runs made before issue 46).
         bonds, bond_orders, smiles: the molecule's bond table ``((i, j), ...)``, its orders
             and SMILES, read from the data (None when it has none).
         use_bonds: give the model the bond graph (the field's edge features). None, the
@@ -223,6 +227,7 @@ class ShapeExperiment:
     ring_block: bool = False
     mirror_row: int | None = None
     zmatrix: dict | None = None
+    torus: bool = True
 
     def __post_init__(self):
         refuse_removed_model(self.model)
@@ -279,6 +284,7 @@ class ShapeExperiment:
         removal (`REMOVED_MODELS`); a baseline run's values of the two-part model's options
         (`REMOVED_FIELDS`) are dropped."""
         refuse_removed_model(d.get("model", ADDED_FIELDS["model"]))
+        d = {"torus": ADDED_FIELDS["torus"], **d}  # a run before issue 46 cut every torsion
         return cls(**{k: v for k, v in d.items() if k not in REMOVED_FIELDS})
 
 
@@ -353,7 +359,8 @@ def build_model(exp: ShapeExperiment) -> ShapeFlow | InternalFlow:
     if exp.geometry == "internal":
         config = InternalFlowConfig(exp.n_points, exp.bonds, exp.labels, exp.ring_block,
                                     hidden=(exp.hidden,) * 2, transforms=exp.layers,
-                                    mirror_row=exp.mirror_row, zmatrix=exp.zmatrix)  # fmt: skip
+                                    mirror_row=exp.mirror_row, zmatrix=exp.zmatrix,
+                                    torus=exp.torus)  # fmt: skip
         with seeded_init(exp.flow.seed):
             return InternalFlow.from_config(config).double()
     labels = None if exp.labels is None or not exp.efm_labels else exp.labels
@@ -432,7 +439,8 @@ def run(
         exp.flow = _internal_schedule(exp.flow)
     if old:
         exp = dataclasses.replace(exp, hand=old.get("hand"), mirror_row=old.get("mirror_row"),
-                                  zmatrix=old.get("zmatrix"))  # fmt: skip
+                                  zmatrix=old.get("zmatrix"),
+                                  torus=old.get("torus", ADDED_FIELDS["torus"]))  # fmt: skip
         trained = old.get("flow", {}).get("dtype", "float64")
         if exp.flow.dtype == _flow_config().dtype:  # the preset's: a run continues as trained
             exp.flow = exp.flow.replace(dtype=trained)
