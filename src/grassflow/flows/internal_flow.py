@@ -19,7 +19,11 @@ The pieces, each an exact bijection with its log-determinant:
 3. Whitening ``u -> L^{-1}(u - mu)``, fitted to the training data (`fit_normalization`): the
    full covariance (the ring block's correlations close rings; the torsions' take the
    linear part of their couplings), or (``whiten="diagonal"``) each coordinate
-   standardized on its own.
+   standardized on its own. With ``torus=True`` the torsions stay angles and are
+   standardized on the circle instead: ``g = 2 atan(tan((phi - m) / 2) / c)`` about their
+   circular mean m, with c their wrapped-normal spread (at most 1, the identity), a
+   diffeomorphism of the circle (`_moebius`) that widens a stiff torsion's few degrees
+   as whitening widens a stiff bond (measured on butan-1-ol: clashes 4.4 % -> 0.5 %).
 4. Geminal hydrogens (`ZMatrix.swaps`, e.g. the three of a methyl): their labels can swap
    without changing the molecule, and data from several embeddings hold both orders, so
    the sign of the second hydrogen's torsion about the first is a coin flip. The model
@@ -212,6 +216,9 @@ class InternalFlow(nn.Module):
         if config.torus:  # the torsions that live on the whole circle
             circular[nb + na: nb + na + self.ic.n_torsions] = ~half
         self.register_buffer("circular", circular, persistent=False)
+        if config.torus:  # the circle's standardization (`_moebius`), fitted to the data
+            self.register_buffer("circ_mean", torch.zeros(self.ic.n_torsions, dtype=torch.float64))
+            self.register_buffer("circ_width", torch.ones(self.ic.n_torsions, dtype=torch.float64))
         if config.torus:
             self.flow = TorusSplineFlow(circular, config.transforms, config.hidden, config.bins)
         else:
@@ -288,10 +295,11 @@ class InternalFlow(nn.Module):
         scale = torch.cat([torch.full_like(s_theta, math.pi), span], -1)
         log_d = (scale * s * (1 - s)).log()
         on_circle = self.circular[self.ic.n_bonds: self.ic.n_bonds + log_d.shape[-1]]
-        if self.config.torus:  # circular torsions stay angles: no logit, no Jacobian
-            u = torch.where(self.circular, torch.cat([bonds.log(), torch.cat(
-                [theta, phi], -1), block], -1), u)  # fmt: skip
-            log_d = log_d.masked_fill(on_circle, 0.0)
+        if self.config.torus:  # circular torsions stay angles, standardized on the circle
+            g, log_dg = _moebius(phi - self.circ_mean, self.circ_width)
+            u = torch.where(self.circular, torch.cat([bonds.log(), theta, g, block], -1), u)
+            log_d = torch.where(on_circle, -torch.cat([torch.zeros_like(theta), log_dg], -1),
+                                log_d)  # fmt: skip
         ladj = -bonds.log().sum(-1) - log_d.sum(-1)
         return u, ladj
 
@@ -299,7 +307,11 @@ class InternalFlow(nn.Module):
         """The internal coordinates q of ``u`` (the inverse of `unbounded`)."""
         nb, na, nt = self.ic.n_bonds, self.ic.n_angles, self.ic.n_torsions
         log_b, a, t, block = u.split([nb, na, nt, self.ic.n_block], -1)
-        cut_open = self.cut + TWO_PI * torch.sigmoid(t) if not self.config.torus else t
+        cut_open = self.cut + TWO_PI * torch.sigmoid(t)
+        if self.config.torus:
+            on_circle = self.circular[nb + na: nb + na + nt]
+            psi = 2 * torch.atan2(self.circ_width * torch.sin(t / 2), torch.cos(t / 2))
+            cut_open = torch.where(on_circle, psi + self.circ_mean, cut_open)
         phi = torch.where(self.half_turn, math.pi * torch.sigmoid(t),
                           torch.remainder(cut_open + math.pi, TWO_PI) - math.pi)
         return torch.cat([log_b.exp(), math.pi * torch.sigmoid(a), phi, block], -1)
@@ -327,8 +339,14 @@ class InternalFlow(nn.Module):
         counts.scatter_add_(1, bins.T, torch.ones_like(bins.T, dtype=q.dtype))
         smooth = counts + 0.5 * (counts.roll(1, 1) + counts.roll(-1, 1))
         self.cut.copy_(-math.pi + width * (smooth.argmin(1) + 0.5))
+        if self.config.torus:  # each circular torsion's mean direction and spread
+            z = torch.polar(torch.ones_like(phi), phi).mean(0)
+            width = (-2 * z.abs().clamp_min(1e-12).log()).sqrt().clamp(1e-3, 1.0)
+            on = self.circular[self.ic.n_bonds + self.ic.n_angles:][:len(self.cut)]
+            self.circ_mean.copy_(torch.where(on, z.angle(), 0.0))
+            self.circ_width.copy_(torch.where(on, width, 1.0))
         u = self.unbounded(q)[0]
-        real = ~self.circular  # the circular torsions are not shifted or scaled
+        real = ~self.circular  # the circular torsions are standardized on the circle
         self.loc.zero_()
         self.loc[real] = u[:, real].mean(0)
         r = u[:, real]
@@ -479,6 +497,16 @@ class InternalFlow(nn.Module):
             if self.n_mirror:
                 X = torch.where(coins[:, -1, None, None], -X, X)
             return self._swapped(X, coins[:, :-1])
+
+
+def _moebius(psi: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """The circle's standardization ``g = 2 atan(tan(psi / 2) / c)`` (wrapped to [-pi, pi)), a
+    diffeomorphism of the circle that widens the arc near 0 by 1 / c and narrows the far
+    side by c (the CDF of a wrapped Cauchy, rescaled), and ``log dg/dpsi``. c = 1: the
+    identity."""
+    s, co = torch.sin(psi / 2), torch.cos(psi / 2)
+    g = torch.remainder(2 * torch.atan2(s, c * co) + math.pi, TWO_PI) - math.pi
+    return g, c.log() - (c.square() * co.square() + s.square()).log()
 
 
 def choose_mirror_row(zmatrix: ZMatrix, P: Tensor, labels=None, margin_deg: float = 15.0,
