@@ -206,6 +206,18 @@ MUTATIONS = {
         "grassflow/training/loop.py",
         "with nullcontext() if self.ema is None else self.ema.applied():",
         "with nullcontext():", ["tests/test_training.py", "tests/test_loop_parts.py", "tests/test_budgets.py", "tests/test_validation.py"]),
+    "InternalFlow: the circle's standardization without its Jacobian": (
+        "grassflow/flows/internal_flow.py",
+        "-torch.cat([torch.zeros_like(theta), log_dg], -1)",
+        "-torch.cat([torch.zeros_like(theta), 0 * log_dg], -1)", ["tests/test_internal_flow.py"]),
+    "TorusSplineFlow: the uniform base on an arc of pi": (
+        "grassflow/nn/torus_splines.py", "- n_circ * math.log(TWO_PI))",
+        "- n_circ * math.log(math.pi))", ["tests/test_internal_flow.py"]),
+    "TorusSplineFlow: the angles' half turn not undone when sampling": (
+        "grassflow/nn/torus_splines.py",
+        "out[..., self.moved_idx] = _shift(spline.inv(y[..., self.moved_idx]), self.moved_circ)",
+        "out[..., self.moved_idx] = spline.inv(y[..., self.moved_idx])",
+        ["tests/test_internal_flow.py"]),
 }  # fmt: skip
 
 
