@@ -60,10 +60,11 @@ def _shape_experiment(args):
     from ..tasks import shape_runs as shapes
 
     if args.objective is not None:  # of the GrCNF runs (and of the removed two-part ShapeFlow)
-        raise ValueError(f"--objective does not apply to --data: its model, {args.model!r}, is "
-                         "one flow on the cloud trained by flow matching (the two-part "
-                         "ShapeFlow that took it was removed in issue 34; the last commit that "
-                         "has it is 3531f93)")  # fmt: skip
+        raise ValueError("--objective does not apply to --data: its models train by their "
+                         "own objective, InternalFlow (a molecule's default) by maximum "
+                         "likelihood, ShapeFlow (--geometry cartesian or grassmann) by flow "
+                         "matching (the two-part ShapeFlow that took --objective was removed "
+                         "in issue 34; the last commit that has it is 3531f93)")  # fmt: skip
     if args.prior == "uniform":
         raise ValueError("--prior uniform is of the DW4 / LJ13 GrCNF runs; --data takes "
                          "gaussian or harmonic (the bond graph's, the default for a molecule)")
@@ -278,9 +279,10 @@ def add_commands(sub) -> None:
                         "on straight flow-matching paths (the default otherwise) or grassmann: "
                         "on the Grassmann bundle's; docs/experiments/shapes.md")
     g.add_argument("--model", default="equivariant-cnf", choices=("equivariant-cnf",),
-                   help="the shape model: equivariant-cnf (the only one), an EGNN velocity "
-                        "field on the CoM-free cloud trained by flow matching; the two-part "
-                        "'shapeflow' was removed in issue 34 (last in commit 3531f93)")  # fmt: skip
+                   help="the preset's model identifier, equivariant-cnf (the only one) for "
+                        "every --data run: --geometry picks InternalFlow or ShapeFlow, which "
+                        "eval and sample name; the two-part 'shapeflow' was removed in issue "
+                        "34 (last in commit 3531f93)")  # fmt: skip
     g = p.add_argument_group("DW4 / LJ13 data")
     add_particle_data_options(g)
     g.add_argument("--protocol", default="com-free", choices=("com-free", "paper"))

@@ -142,8 +142,9 @@ def reweight(
     found = data_temperature(exp.data)
     T = found if temperature is None else float(temperature)
     if T is None:
-        raise ValueError(f"no temperature: {exp.data} does not record one (ensembles of "
-                         "`grassflow data conformers` do); pass --temperature K")  # fmt: skip
+        raise ValueError(f"no temperature: {exp.data} does not record one (thermal ensembles "
+                         "of `grassflow data conformers` do, --minimized ones do not); pass "
+                         "--temperature K")  # fmt: skip
     if not (math.isfinite(T) and T > 0):
         raise ValueError(f"the temperature must be finite and > 0 K, got {T!r}")
     kT = KB_KCAL * T

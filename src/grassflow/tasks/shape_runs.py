@@ -730,9 +730,16 @@ def _save_run_samples(X: np.ndarray, out: str | Path, exp: ShapeExperiment, run_
         charges=molblock_charges(mol.read_text()) if mol.exists() else None)  # fmt: skip
 
 
+def _run_label(run_dir: Path) -> str:
+    """``[n points in d-D, <model_name>]``: what `eval` lines call the run's model (the
+    results' ``model`` field is the preset's identifier, ``equivariant-cnf`` for every run)."""
+    exp = read_preset(run_dir, _preset_reader(run_dir), "shape")
+    return f"[{exp.n_points} points in {exp.dim}-D, {model_name(exp)}]"
+
+
 def _eval_line(run_dir: Path, n_samples: int, seed: int) -> str:
     r = evaluate(run_dir, n_samples=n_samples, seed=seed, progress=True)
-    return (f"[{r['n_points']} points in {r['dim']}-D, {r['model']}] test NLL {nll_summary(r)} | "
+    return (f"{_run_label(run_dir)} test NLL {nll_summary(r)} | "
             f"pair-distance JSD {r['distance_jsd']:.4f}")  # fmt: skip
 
 
@@ -742,7 +749,7 @@ def _eval_data_line(run_dir: Path, data: Path, key: str | None, n_samples: int, 
     if not r["labels_checked"]:
         notes.append("labels not checked: the file or the run has none")
     notes = f" ({'; '.join(notes)})" if notes else ""
-    return (f"[{r['n_points']} points in {r['dim']}-D, {r['model']}] NLL of the "
+    return (f"{_run_label(run_dir)} NLL of the "
             f"{r['n_test']} clouds of {data}{notes}: {nll_summary(r)} | pair-distance JSD "
             f"{r['distance_jsd']:.4f}\n"
             f"wrote {eval_path(run_dir, data)}")  # fmt: skip
