@@ -1,5 +1,6 @@
 """``grassflow data make`` and ``data compare``: DW4/LJ13/LJ55 datasets by MCMC, and their check
-against reference files; ``data conformers``: thermal conformers of a molecule (RDKit)."""
+against reference files; ``data conformers``: thermal (or minimized) conformers of a molecule
+(RDKit)."""
 
 from __future__ import annotations
 
@@ -57,14 +58,15 @@ def cmd_data_conformers(args) -> None:
     out = Path(args.out) if args.out else conformers_path(args.smiles, args.minimized)
     if out.suffix.lower() not in (".npz", ".sdf"):
         raise ValueError(f"--out {out}: expected a .npz or .sdf file")
-    if out.exists() and not args.overwrite:
-        raise FileExistsError(f"{out} exists; pass --overwrite to replace it, or --out")
     given = {"temperature": args.temperature, "n_chains": args.chains,
              "burn_in": args.burn_in, "thin": args.thin}  # fmt: skip
     settings = {k: v for k, v in given.items() if v is not None}  # else the sampler's defaults
     if args.minimized and settings:
-        flags = ", ".join("--" + k.replace("n_chains", "chains").replace("_", "-") for k in settings)
+        flags = ", ".join("--" + k.replace("n_chains", "chains").replace("_", "-")
+                          for k in settings)  # fmt: skip
         raise ValueError(f"{flags}: settings of the MCMC sampler, which --minimized does not run")
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"{out} exists; pass --overwrite to replace it, or --out")
     what = "MMFF94-minimized ETKDG embeddings" if args.minimized else "MMFF94 MCMC"
     if not args.no_progress:  # the sampler has no progress bar: say what the wait is for
         print(f"making {args.n:,} conformers of {args.smiles} ({what}) ...", file=sys.stderr,
@@ -118,12 +120,14 @@ def add_commands(sub) -> None:
     p.add_argument("--out", default="results/data")
     p.set_defaults(func=cmd_data_compare)
 
-    p = data.add_parser("conformers", help="thermal MMFF94 conformers of a molecule (RDKit), "
-                                           "for `grassflow train --data`")  # fmt: skip
+    p = data.add_parser("conformers", help="thermal (or --minimized) MMFF94 conformers of a "
+                                           "molecule (RDKit), for `grassflow train "
+                                           "--data`")  # fmt: skip
     p.add_argument("smiles", help="the molecule, e.g. CCO; hydrogens are added")
     p.add_argument("--n", type=int, required=True, help="conformers to draw")
     p.add_argument("--out", help="a .npz (bonds, orders, molblock, SMILES kept) or .sdf file "
-                                 "(default: data/<smiles>.npz)")  # fmt: skip
+                                 "(default: data/<smiles>.npz; data/<smiles>-minimized.npz "
+                                 "with --minimized)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--minimized", action="store_true",
                    help="ETKDG embeddings, each MMFF94-minimized (what a conformer search or a "
