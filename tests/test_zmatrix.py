@@ -2,7 +2,9 @@
 graphs and ring perception computed independently by RDKit (its topological distance
 matrix, ``Atom.IsInRing``) on butane, glycerol, cyclohexanol and the L-alanine dipeptide with
 their hydrogens, plus fused, bridged, spiro and linked ring systems; and around linear
-groups (benzonitrile, but-2-yn-1-ol) against RDKit's angles in ETKDG + MMFF conformers."""
+groups (benzonitrile, but-2-yn-1-ol) against RDKit's angles in ETKDG + MMFF conformers; and
+the equivalent sibling sides (issue 46: isopropyl, tert-butyl, CF3, nitro, ibuprofen) against
+RDKit's symmetry classes of the bare bond graph and the bond list itself."""
 
 import json
 import re
@@ -32,6 +34,15 @@ RING_SYSTEMS = {
     "1,3-diphenylpropane (rings apart)": "c1ccccc1CCCc1ccccc1",
 }
 LINEAR = {"benzonitrile": "N#Cc1ccccc1", "but-2-yn-1-ol": "CC#CCO"}
+# molecules with equivalent sides other than single hydrogens, and the pairs of heavy atoms
+# expected among their swaps (besides the geminal hydrogens)
+SYMMETRIC = {
+    "isopropylbenzene": ("CC(C)c1ccccc1", {(0, 2)}),  # the isopropyl's methyls
+    "tert-butanol": ("OC(C)(C)C", {(3, 4)}),  # C2 is a root atom: the pair of the two rows
+    "trifluoroethanol": ("OCC(F)(F)F", {(3, 4)}),  # the first two F's of CF3
+    "nitromethane": ("C[N+](=O)[O-]", {(2, 3)}),  # N=O and N-O alike (the graph)
+    "ibuprofen": ("CC(C)Cc1ccc(cc1)C(C)C(=O)O", {(0, 2)}),  # not the ring, not C(=O)OH
+}
 # the Z-matrices of MOLECULES before linear groups (commit 81f32b8), by cartesian_rings:
 # (root, root_bond, cartesian, rows, swaps), the same for both ring modes but cyclohexanol's
 BEFORE = {
@@ -82,10 +93,46 @@ def minimized(smiles: str, k: int = 24, seed: int = 0):
     return mol, np.stack([c.GetPositions() for c in mol.GetConformers()])
 
 
+def graph_classes(mol) -> list[int]:
+    """RDKit's symmetry classes (``CanonicalRankAtoms(breakTies=False)``) of ``mol``'s bare
+    bond graph: atomic numbers and single bonds, no charges or bond orders."""
+    bare = Chem.RWMol()
+    for a in mol.GetAtoms():
+        atom = Chem.Atom(a.GetAtomicNum())
+        atom.SetNoImplicit(True)
+        bare.AddAtom(atom)
+    for b in mol.GetBonds():
+        bare.AddBond(b.GetBeginAtomIdx(), b.GetEndAtomIdx(), Chem.BondType.SINGLE)
+    bare = bare.GetMol()
+    bare.UpdatePropertyCache(strict=False)
+    return list(Chem.CanonicalRankAtoms(bare, breakTies=False))
+
+
+def side(mol, a: int, j: int) -> set[int]:
+    """The atoms nearer to a than to j (for a bond j-a that is a bridge: the side of a)."""
+    D = Chem.GetDistanceMatrix(mol)
+    return {int(x) for x in np.nonzero(D[:, a] < D[:, j])[0]}
+
+
+def sibling_groups(zm: ZMatrix, mol) -> dict[int, list[int]]:
+    """``{i: group}``: the row atoms with i's bond partner j and i's symmetry class whose bond
+    to j is on no ring and whose side holds no ring atom, in row order (RDKit's view of the
+    module doc's equivalent siblings)."""
+    cls, by_key = graph_classes(mol), {}
+    for i, j, _, _ in zm.rows:
+        bond = mol.GetBondBetweenAtoms(i, j)  # None in a broken row (the checker sees it)
+        if bond is None or bond.IsInRing() or any(
+                mol.GetAtomWithIdx(x).IsInRing() for x in side(mol, i, j)):  # fmt: skip
+            continue
+        by_key.setdefault((j, cls[i]), []).append(i)
+    return {i: g for g in by_key.values() if len(g) > 1 for i in g}
+
+
 def _rows_obey_the_rules(zm: ZMatrix, mol, Z, cartesian_rings: bool = True) -> None:
-    """Every rule of the module doc, from RDKit's graph distances and ring perception
-    (independent of the BFS in `build_zmatrix`); references are chosen among the atoms off
-    the lines of ``zm.straight`` (collinear triples)."""
+    """Every rule of the module doc, from RDKit's graph distances, ring perception and
+    symmetry classes (independent of the BFS in `build_zmatrix`); references are chosen
+    among the atoms off the lines of ``zm.straight`` (collinear triples), and the second of
+    a group of equivalent siblings takes its k off both sides."""
     line = {frozenset(t) for t in zm.straight}
     off = lambda *t: frozenset(t) not in line  # noqa: E731
     n = zm.n_atoms
@@ -98,18 +145,23 @@ def _rows_obey_the_rules(zm: ZMatrix, mol, Z, cartesian_rings: bool = True) -> N
     placed = list(zm.root) + list(zm.cartesian)
     d_root = D[list(zm.root)].min(0)  # breadth-first from the root triple
     used: list[tuple[int, int, int]] = []
+    groups = sibling_groups(zm, mol)
     for i, j, k, l in zm.rows:
+        group = groups.get(i, [i])
+        earlier = group[: group.index(i)]  # the equivalent siblings placed before i
+        sides = side(mol, earlier[0], j) | side(mol, i, j) if len(earlier) == 1 else set()
         assert len({i, j, k, l}) == 4
         assert adj[i, j], f"row {(i, j, k, l)}: j is not bonded to i"
         assert j in placed and k in placed and l in placed, f"row {(i, j, k, l)} looks ahead"
         assert d_root[i] == d_root[j] + 1, f"row {(i, j, k, l)}: j is not i's BFS parent"
         # k: a placed atom nearest to j off the line i-j, heavy if a heavy one is as near
         assert off(i, j, k), f"row {(i, j, k, l)}: the angle i-j-k is straight"
-        pool = [a for a in placed if a != j and off(i, j, a)]
+        pool = [a for a in placed if a != j and off(i, j, a) and a not in sides]
         dk = min(D[j, a] for a in pool)
-        assert D[j, k] == dk, f"row {(i, j, k, l)}: k is not nearest to j"
         if any(heavy[a] and D[j, a] == dk for a in pool):
             assert heavy[k], f"row {(i, j, k, l)}: a hydrogen k where a heavy atom is as near"
+        assert k not in sides, f"row {(i, j, k, l)}: k in a swapped side"
+        assert D[j, k] == dk, f"row {(i, j, k, l)}: k is not nearest to j"
         # l: a placed atom nearest to k (heavy first), unless that triple is taken; then a
         # sibling of i (bonded to j) where one is free
         assert off(j, k, l), f"row {(i, j, k, l)}: l is on the axis j-k"
@@ -118,14 +170,12 @@ def _rows_obey_the_rules(zm: ZMatrix, mol, Z, cartesian_rings: bool = True) -> N
         best = [a for a in pool if D[k, a] == dl]
         if any(heavy[a] for a in best):
             best = [a for a in best if heavy[a]]
-        # a hydrogen after the first on j (in rows) takes the previous one as reference
-        earlier = [r[0] for r in zm.rows[:zm.rows.index((i, j, k, l))]
-                   if r[1] == j and Z[r[0]] == 1 and adj[r[0]].sum() == 1]  # fmt: skip
+        # an equivalent sibling (a hydrogen) after the first on j (in rows) takes the
+        # previous one as reference
         # an atom on a ring atom j: j's other ring neighbour (the side of the ring it is on)
         ring_nb = [a for a in placed if a in rings and adj[a, j] and a != k] if j in rings else []
         ring_nb = [a for a in ring_nb if off(j, k, a)]
-        if Z[i] == 1 and adj[i].sum() == 1 and earlier and (j, k, earlier[-1]) not in used \
-                and off(j, k, earlier[-1]):  # fmt: skip
+        if earlier and (j, k, earlier[-1]) not in used and off(j, k, earlier[-1]):
             assert l == earlier[-1], f"row {(i, j, k, l)}: not the previous hydrogen"
         elif ring_nb and (j, k, ring_nb[0]) not in used:
             assert l == ring_nb[0], f"row {(i, j, k, l)}: not j's other ring neighbour"
@@ -478,3 +528,92 @@ def test_a_zmatrix_that_contradicts_its_straight_triples_is_refused():
             ZMatrix(**{**zm.to_dict(), "rows": rows})
     with pytest.raises(ValueError, match=r"straight triple \(1, 1, 2\)"):
         ZMatrix(**{**zm.to_dict(), "straight": ((1, 1, 2),)})
+
+
+# ------------------------------------------------------------------ equivalent sides
+@pytest.mark.parametrize("name", list(SYMMETRIC))
+def test_equivalent_sides_are_found_and_swapped_by_a_graph_automorphism(name):
+    """Catches a missed symmetry of the molecular graph (issue 46: ibuprofen's isobutyl
+    methyls, whose labellings the data mix), a swap that is not one (a permutation that
+    breaks a bond, moves an atom to another element, moves the torsion's axis j-k, or swaps
+    a <-> b without their hydrogens), and a ring or C(=O)OH taken as symmetric: the pairs
+    are the first two row atoms of each group of RDKit's symmetry classes on j (bare graph;
+    bonds off rings, sides without ring atoms), listed in placement order of b; each
+    permutation maps the bond list onto itself and every atom to one of its class, fixes j
+    and k, is an involution, and maps a's side (atoms nearer a than j) onto b's; the heavy
+    pairs are the expected ones; the rows obey the rules."""
+    smiles, heavy_pairs = SYMMETRIC[name]
+    mol, n, bonds, Z = molecule(smiles)
+    zm = build_zmatrix(n, bonds, Z)
+    _rows_obey_the_rules(zm, mol, Z, cartesian_rings=False)
+    groups = sibling_groups(zm, mol)
+    want = {(g[0], g[1]) for g in groups.values()}
+    assert set(zm.swaps) == want
+    place = {a: m for m, a in enumerate(zm.order)}
+    assert [place[b] for _, b in zm.swaps] == sorted(place[b] for _, b in zm.swaps)
+    assert {(a, b) for a, b in zm.swaps if Z[a] != 1} == heavy_pairs
+    cls, bond_set = graph_classes(mol), {frozenset(b) for b in bonds}
+    row = {r[0]: r for r in zm.rows}
+    for m, (a, b) in enumerate(zm.swaps):
+        sigma = zm.swap_permutation(m)
+        assert {frozenset((sigma[u], sigma[v])) for u, v in bonds} == bond_set
+        assert all(cls[sigma[u]] == cls[u] for u in range(n))
+        assert [sigma[sigma[u]] for u in range(n)] == list(range(n))
+        _, j, k, l = row[b]
+        assert l == a and sigma[a] == b and sigma[j] == j and sigma[k] == k
+        A, B = zm.swap_sides[m]
+        assert set(A) == side(mol, a, j) and set(B) == side(mol, b, j)
+        assert {sigma[u] for u in A} == set(B)
+    if name == "isopropylbenzene":  # the methyls C0 (H9, H10, H11) and C2 (H13, H14, H15)
+        assert zm.swap_sides[zm.swaps.index((0, 2))] == ((0, 9, 10, 11), (2, 13, 14, 15))
+
+
+def test_siblings_in_the_root_frame_are_not_swapped():
+    """Documents the limit of the module doc: tert-butanol written CC(C)(C)O puts two of its
+    methyls in the root frame, so only the third is a row and no methyl pair is swapped (only
+    the geminal hydrogens); written OC(C)(C)C it gets one (the test above)."""
+    mol, n, bonds, Z = molecule("CC(C)(C)O")
+    zm = build_zmatrix(n, bonds, Z)
+    assert zm.root[1:] == (0, 2) and all(Z[a] == 1 for a, _ in zm.swaps)
+
+
+@pytest.mark.parametrize("name", list(MOLECULES))
+def test_benchmark_molecules_keep_their_zmatrix_and_config_with_equivalent_sides(name):
+    """Catches a change of the benchmark molecules' models by the equivalent-sides rule: the
+    Z-matrix with ``sides=True`` (the default) is the recorded one and equal to
+    ``sides=False`` (the rule before issue 46), its swaps are single atoms and ``swap_sides``
+    is left out of its dict, so an old config (without it) loads equal."""
+    mol, n, bonds, Z = molecule(MOLECULES[name])
+    for cartesian_rings in (False, True):
+        zm = build_zmatrix(n, bonds, Z, cartesian_rings=cartesian_rings)
+        key = f"{name}, ring block" if cartesian_rings and name == "cyclohexanol" else name
+        assert (zm.root, zm.root_bond, zm.cartesian, zm.rows, zm.swaps) == BEFORE[key]
+        assert zm == build_zmatrix(n, bonds, Z, cartesian_rings=cartesian_rings, sides=False)
+        assert zm.swap_sides == tuple(((a,), (b,)) for a, b in zm.swaps)
+        d = zm.to_dict()
+        assert "swap_sides" not in d and ZMatrix(**json.loads(json.dumps(d))) == zm
+
+
+def test_sides_false_is_the_rule_before_issue_46():
+    """Catches a switch that does not restore the old rule (the comparison runs need it):
+    ibuprofen with ``sides=False`` swaps terminal hydrogens only, its methyl C2 takes no
+    sibling as torsion reference, and its dict has no ``swap_sides``; with the default the
+    isobutyl's methyls are swapped with their hydrogens and the dict keeps the sides through
+    JSON."""
+    mol, n, bonds, Z = molecule(SYMMETRIC["ibuprofen"][0])
+    old = build_zmatrix(n, bonds, Z, sides=False)
+    new = build_zmatrix(n, bonds, Z)
+    assert all(Z[a] == 1 for a, _ in old.swaps) and "swap_sides" not in old.to_dict()
+    assert {r[0]: r for r in old.rows}[2][3] != 0 and {r[0]: r for r in new.rows}[2][3] == 0
+    assert set(new.swaps) == set(old.swaps) | {(0, 2)}
+    assert ZMatrix(**json.loads(json.dumps(new.to_dict()))) == new
+
+
+def test_describe_names_the_swapped_sides():
+    """Catches a printout that hides which rows are symmetrized and what a swap moves: the
+    isopropyl's second methyl row names the two sides; geminal pairs keep their note."""
+    mol, n, bonds, Z = molecule(SYMMETRIC["isopropylbenzene"][0])
+    text = build_zmatrix(n, bonds, Z).describe([a.GetSymbol() for a in mol.GetAtoms()])
+    assert ("C2: bond C1, angle C3, torsion C0 (in (0, 180): equivalent to C0, symmetrized by "
+            "swapping the sides C0 H9 H10 H11 <-> C2 H13 H14 H15)") in text
+    assert sum("geminal pair, symmetrized" in line for line in text.splitlines()) == 2

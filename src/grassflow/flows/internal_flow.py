@@ -24,22 +24,33 @@ The pieces, each an exact bijection with its log-determinant:
    circular mean m, with c their wrapped-normal spread (at most 1, the identity), a
    diffeomorphism of the circle (`_moebius`) that widens a stiff torsion's few degrees
    as whitening widens a stiff bond (measured on butan-1-ol: clashes 4.4 % -> 0.5 %).
-4. Geminal hydrogens (`ZMatrix.swaps`, e.g. the three of a methyl): their labels can swap
-   without changing the molecule, and data from several embeddings hold both orders, so
-   the sign of the second hydrogen's torsion about the first is a coin flip. The model
-   ``p(x) = 2^{-s} p_c(c(x))`` symmetrizes over the s swaps: ``c`` swaps each pair whose
-   second torsion is negative, and ``p_c`` takes that torsion in ``(0, pi)`` (step 2 with
-   ``logit(phi / pi)``), so it lives on the canonical half only. Each half of a swap maps
-   onto the other with volume 1, so p integrates to one; sampling draws from ``p_c`` and
-   swaps each pair with probability 1/2. Without this, a flow leaks mass between the two
-   signs, and the hydrogens land on each other.
+4. Equivalent siblings (`ZMatrix.swaps`: geminal hydrogens, e.g. the three of a methyl,
+   and equivalent side trees, e.g. an isopropyl's two methyls with their hydrogens, a
+   nitro group's O's, CF3's F's): their labels can swap without changing the molecule, and
+   data from several embeddings hold both orders, so the sign of the second sibling's
+   torsion about the first is a coin flip. The model ``p(x) = 2^{-s} p_c(c(x))``
+   symmetrizes over the s swaps: ``c`` applies, in the order of `ZMatrix.swaps` (outer
+   pairs first), each swap's whole permutation sigma (`ZMatrix.swap_sides`: a's side onto
+   b's and back) where b's torsion ``(b, j, k, a)`` is negative on the coordinates swapped
+   so far, and ``p_c`` takes that torsion in ``(0, pi)`` (step 2 with ``logit(phi /
+   pi)``), so it lives on the canonical part only. Exact: sigma fixes j and k and
+   ``torsion(a, j, k, b) = -torsion(b, j, k, a)``, so sigma maps one sign onto the other
+   with volume 1, and no later (inner) swap moves an atom of an earlier test; c is 2^s to
+   1 with unit Jacobian on each piece, so p integrates to one. Sampling draws from ``p_c``
+   and applies the swaps with coins in the reverse order (inner first), the inverse of c on
+   each piece. Without this, a flow leaks mass between the two signs, and the siblings land
+   on each other. Not symmetrized (`grassflow.manifolds.zmatrix`): a ring's flip (a
+   phenyl's 180-degree turn: its side is not a tree), siblings in the root frame, and the
+   labellings of a group of three beyond its first pair.
    The mirror image (``mirror_row``): for a molecule without a hand (no stereo centre) the
    same holds for x and -x, whose torsions are negated (the force field cannot tell them
    apart either); labelled conformers again come in both "hands" (is the OH of
    cyclohexanol above or below the ring read from C2 to C6?). With ``mirror_row``, the
    torsion of that Z-matrix row (an improper one, far from 0 and pi in the data: see
    `choose_mirror_row`) also lives in ``(0, pi)``, c reflects x where it is negative, and
-   the model symmetrizes over the reflection as well.
+   the model symmetrizes over the reflection as well. c reflects first: the reflection
+   negates every torsion, so it would flip the swaps' tests after them, while the swaps
+   leave the mirror row's torsion alone (its atoms are in no swapped side).
 5. A rational-quadratic spline flow, one of two designs (``InternalFlowConfig.torus``):
    ``torus=True``: every full torsion stays an angle on the circle (no cut, no logit in
    step 2, not shifted or scaled in step 3), and `grassflow.nn.torus_splines.TorusSplineFlow`
@@ -157,11 +168,11 @@ class InternalFlowConfig:
         zm = build_zmatrix(self.n_points, self.bonds, self.labels, self.cartesian_rings) \
             if self.zmatrix is None else ZMatrix(**self.zmatrix)  # refuses a bad one
         object.__setattr__(self, "zmatrix", zm.to_dict())  # tuples, also after JSON
-        swapped = {b for _, b in zm.swaps}
-        if self.mirror_row is not None and not (
-                0 <= self.mirror_row < len(zm.rows) and zm.rows[self.mirror_row][0] not in swapped):
+        if self.mirror_row is not None and not (0 <= self.mirror_row < len(zm.rows) and
+                                                self.mirror_row in _mirror_rows(zm)):
             raise ValueError(f"mirror_row must index one of the {len(zm.rows)} Z-matrix rows that "
-                             f"is not a geminal pair's, got {self.mirror_row!r}")  # fmt: skip
+                             f"is not a swap's and has no atom in a swapped side, got "
+                             f"{self.mirror_row!r}")  # fmt: skip
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -231,10 +242,17 @@ class InternalFlow(nn.Module):
                 nn.init.zeros_(last.bias)
             self.flow = zuko.flows.Flow(nsf.transform,
                                         zuko.flows.GMM(m, components=config.components))
-        self.register_buffer("swap_rows", torch.tensor([row[b] for _, b in zm.swaps],
-                                                       dtype=torch.long), persistent=False)
-        self.register_buffer("swap_pairs", torch.tensor(zm.swaps, dtype=torch.long).reshape(
-            -1, 2), persistent=False)  # fmt: skip
+        # per swap (in canonical order): the atoms (b, j, k, a) of its torsion test, and its
+        # permutation sigma as an index (x[:, sigma] relabels)
+        self.register_buffer("swap_tests", torch.tensor([zm.rows[row[b]] for _, b in zm.swaps],
+                                                        dtype=torch.long).reshape(-1, 4),
+                             persistent=False)  # fmt: skip
+        self.register_buffer("swap_perms", torch.tensor(
+            [zm.swap_permutation(m) for m in range(self.n_swaps)], dtype=torch.long).reshape(
+            -1, self.n_points), persistent=False)  # fmt: skip
+        mirror = zm.rows[config.mirror_row] if self.n_mirror else (0, 0, 0, 0)
+        self.register_buffer("mirror_test", torch.tensor(mirror, dtype=torch.long),
+                             persistent=False)  # fmt: skip
         self.last_stats: dict = {}
         self.double()  # one dtype for zuko's parameters and the buffers, whatever the default
 
@@ -397,27 +415,42 @@ class InternalFlow(nn.Module):
         diag[:K] = L.diagonal(dim1=-2, dim2=-1).log()
         tril[:K] = L[:, lower]
 
+    @staticmethod
+    def _torsion(P: Tensor, atoms: Tensor) -> Tensor:
+        """``(B,)``: the torsion ``i-j-k-l`` of ``atoms = (i, j, k, l)`` in ``P: (B, n, 3)``,
+        by the arithmetic of `InternalCoordinates` (the same sign, bit for bit), for one row
+        instead of a whole pass."""
+        xi, xj, xk, xl = (P[:, a] for a in atoms)
+        axis = xk - xj
+        axis = axis / axis.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(P.dtype).tiny)
+        v, w = xi - xj, xl - xk
+        v = v - (v * axis).sum(-1, keepdim=True) * axis
+        w = w - (w * axis).sum(-1, keepdim=True) * axis
+        return torch.atan2((torch.linalg.cross(axis, v) * w).sum(-1), (v * w).sum(-1))
+
     def _swapped(self, P: Tensor, swap: Tensor) -> Tensor:
-        """``P: (B, n, 3)`` with the labels of each pair of `ZMatrix.swaps` exchanged where
-        ``swap: (B, s)`` is True."""
-        index = torch.arange(self.n_points, device=P.device).expand(P.shape[0], -1).clone()
-        a, b = self.swap_pairs[:, 0], self.swap_pairs[:, 1]
-        index[:, a] = torch.where(swap, b, a)
-        index[:, b] = torch.where(swap, a, b)
-        return P.gather(1, index[..., None].expand(-1, -1, 3))
+        """``P: (B, n, 3)`` with the permutation of each swap of `ZMatrix.swaps` applied where
+        ``swap: (B, s)`` is True, inner swaps first (the last listed first): the inverse of
+        `canonical` on the piece that ``swap`` names."""
+        for m in reversed(range(self.n_swaps)):
+            P = torch.where(swap[:, m, None, None], P[:, self.swap_perms[m]], P)
+        return P
 
     def canonical(self, P: Tensor) -> Tensor:
-        """``P: (B, n, 3)`` with each geminal pair ordered so that the second hydrogen's
-        torsion about the first is positive (the half where ``p_c`` lives)."""
-        if self.n_mirror:
-            with torch.no_grad():
-                phi = self.ic.split(self.ic(P)[1])[2][:, self.config.mirror_row]
-            P = torch.where((phi < 0)[:, None, None], -P, P)
-        if not self.n_swaps:
-            return P
+        """``P: (B, n, 3)`` relabelled so that each swap's torsion ``(b, j, k, a)`` is
+        positive (the part where ``p_c`` lives): reflected first where the mirror row's
+        torsion is negative (`mirror_row`; the reflection negates every torsion, the swaps
+        leave that row's alone), then each swap in turn, outer first, its test read on the
+        molecules as swapped so far."""
         with torch.no_grad():
-            phi = self.ic.split(self.ic(P)[1])[2][:, self.swap_rows]
-        return self._swapped(P, phi < 0)
+            flip = self._torsion(P, self.mirror_test) < 0 if self.n_mirror else None
+        if flip is not None:
+            P = torch.where(flip[:, None, None], -P, P)
+        for m in range(self.n_swaps):
+            with torch.no_grad():
+                flip = self._torsion(P, self.swap_tests[m]) < 0
+            P = torch.where(flip[:, None, None], P[:, self.swap_perms[m]], P)
+        return P
 
     # ------------------------------------------------------------ densities
     def _log_prob_q(self, q: Tensor) -> Tensor:
@@ -494,7 +527,7 @@ class InternalFlow(nn.Module):
             q = self._sample_q(m, generator)
             X = self.ic.inverse(random_rotation(m, self.dtype, self.device, generator), q)
             coins = (torch.rand(m, self.n_swaps + 1, generator=generator) < 0.5).to(self.device)
-            if self.n_mirror:
+            if self.n_mirror:  # a reflection commutes with relabelling: the order is free
                 X = torch.where(coins[:, -1, None, None], -X, X)
             return self._swapped(X, coins[:, :-1])
 
@@ -516,17 +549,26 @@ def choose_mirror_row(zmatrix: ZMatrix, P: Tensor, labels=None, margin_deg: floa
     (``labels`` != 1; all if None), those whose torsion stays ``margin_deg`` away from 0 and
     180 degrees in ``P: (N, n, 3)`` with each sign in at least ``least`` of them, the most
     balanced; None if no row qualifies. Call it only for a molecule without a hand
-    (`grassflow.data.molecule_files.find_hand` finds none): a chiral one keeps its hand."""
+    (`grassflow.data.molecule_files.find_hand` finds none): a chiral one keeps its hand.
+    Rows with an atom in a swapped side (`ZMatrix.swap_sides`) are not candidates."""
     ic = InternalCoordinates(zmatrix).to(torch.as_tensor(P).dtype)
     phi = torch.rad2deg(ic.split(ic(torch.as_tensor(P))[1])[2])
     heavy = (lambda a: True) if labels is None else (lambda a: int(labels[a]) != 1)
-    best, best_gap = None, math.inf
+    best, best_gap, allowed = None, math.inf, _mirror_rows(zmatrix)
     for m, row in enumerate(zmatrix.rows):
         f = phi[:, m]
-        if not all(heavy(a) for a in row) or not (
+        if m not in allowed or not all(heavy(a) for a in row) or not (
                 (f.abs() > margin_deg) & (f.abs() < 180 - margin_deg)).all():  # fmt: skip
             continue
         positive = (f > 0).double().mean().item()
         if least <= positive <= 1 - least and abs(positive - 0.5) < best_gap:
             best, best_gap = m, abs(positive - 0.5)
     return best
+
+
+def _mirror_rows(zmatrix: ZMatrix) -> set[int]:
+    """The rows that may carry the mirror's test: none of their atoms moved by a swap (else
+    the swaps, applied after the reflection in `InternalFlow.canonical`, could change it)."""
+    moved = {u for A, B in zmatrix.swap_sides for u in A + B}
+    return {m for m, row in enumerate(zmatrix.rows) if not moved & set(row)}
+

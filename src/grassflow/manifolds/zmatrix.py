@@ -10,8 +10,9 @@ with ``j, k, l`` placed before it. `build_zmatrix` chooses them by these rules:
   the placed atoms nearest in the graph (``k`` to ``j``, ``l`` to ``k``), heavy atoms first;
 * no two atoms share the same ``(j, k, l)``: two hydrogens on one carbon placed by the same
   three atoms would each get an independent torsion, and could land on each other. Every
-  hydrogen on an atom after the first takes the previous one as its torsion reference
-  (``l`` = a sibling), so that its torsion is the stiff ~120° between the two.
+  hydrogen on an atom after the first (every equivalent sibling, see below) takes the
+  previous one as its torsion reference (``l`` = a sibling), so that its torsion is the
+  stiff ~120° between the two.
 
 Linear groups (``straight``): atoms on a straight line (a nitrile N#C-C, an alkyne
 C-C#C-C, an allene's C=C=C, and atoms that line up with them such as benzonitrile's para
@@ -25,14 +26,32 @@ benzonitrile's N, not bonded to j), and ``l`` the nearest one off the line throu
 about a bent axis. A molecule without straight triples gets the same Z-matrix as without
 the argument; a linear molecule (HC#CH, CO2) has no frame and is refused.
 
-Geminal hydrogens (``swaps``): swapping the labels of two hydrogens on one atom is a
-symmetry of the molecule (the energy cannot tell), but conformers generated from different
-embeddings come with either order, so the sign of the second hydrogen's torsion about its
-first is a coin flip in the data, shared by a third hydrogen's: a joint that a flow learns
-badly (it leaks mass between the signs, and the hydrogens land on each other). Each pair
-``(a, b)`` of `ZMatrix.swaps` is the first two hydrogens on an atom, with b's row
-``(b, j, k, a)``; a model may take b's torsion in ``(0, pi)`` and symmetrize over the swaps
-(`grassflow.flows.InternalFlow`).
+Equivalent siblings (``swaps``, ``swap_sides``): swapping the labels of two equivalent
+groups on one atom is a symmetry of the molecule (the energy cannot tell), but conformers
+generated from different embeddings come with either order, so the sign of the second
+group's torsion about the first is a coin flip in the data: a joint that a flow learns
+badly (it leaks mass between the signs, and the groups land on each other). Two neighbours
+a, b of an atom j are equivalent when the bonds j-a and j-b are bridges and the sides
+hanging off them (the atoms reachable from a without passing j, and likewise b) are the
+same rooted tree with atomic numbers as labels (the same canonical string, AHU-style): two
+hydrogens of a CH2 (leaf sides), the two methyls of an isopropyl group, the three of a
+tert-butyl, the F's of CF3, the O's of a nitro group or carboxylate (bond orders are not
+read: resonance makes those O's equal). Every equivalent sibling after the first placed as
+a row takes the previous one as its torsion reference (``l``), so that its torsion is the
+stiff ~120 degrees between the two; the first two such rows on j form a pair ``(a, b)`` of
+`ZMatrix.swaps`, b's row ``(b, j, k, a)`` with k placed before, in neither side and not
+collinear. `ZMatrix.swap_sides` holds, per pair, the atom permutation that maps a's side
+onto b's (children matched by canonical string, equal ones in placement order) and back, a
+graph automorphism that fixes j and k. Pairs are listed in placement order of b, so an
+outer pair (an isopropyl's methyls) comes before the pairs inside its sides (each methyl's
+hydrogens). A model may take b's torsion in ``(0, pi)`` and symmetrize over the swaps
+(`grassflow.flows.InternalFlow`). Not symmetrized: sides that hold a ring (a phenyl's
+180-degree flip, two rings on one atom: their sides are not trees), siblings of which one
+is a root atom (glycerol's C1 and C3, the methyls of 2-methylpropan-1-ol, which depend on
+the atom order), and the rest of a group of three or more (one pair per group, of the
+group's 3! or more labellings). With ``sides=False`` only terminal hydrogens are siblings
+(the rule before issue 46): a molecule whose only equivalent sides are single hydrogens
+gets the same Z-matrix either way.
 
 Rings: a ring-closing bond is not a coordinate of any Z-matrix, so small errors in the
 ring's angles and torsions could add up around the ring and break it. By default the rows
@@ -56,6 +75,8 @@ import dataclasses
 from collections import deque
 from dataclasses import dataclass
 
+from .graph_sides import check_automorphisms, side_map, sibling_groups
+
 __all__ = ["ZMatrix", "build_zmatrix", "graph_distances", "ring_atoms"]
 
 
@@ -72,8 +93,13 @@ class ZMatrix:
         cartesian: atoms placed by their coordinates in the root frame (ring atoms).
         rows: ``(i, j, k, l)`` per other atom, in placement order: bond ``i-j``, angle
             ``i-j-k``, torsion ``i-j-k-l``.
-        swaps: ``(a, b)`` per atom with two or more hydrogens (see the module doc): b's row
-            is ``(b, j, k, a)``.
+        swaps: ``(a, b)`` per atom with two or more equivalent siblings placed as rows (see
+            the module doc), in placement order of b (outer pairs first): b's row is
+            ``(b, j, k, a)``.
+        swap_sides: ``(A, B)`` per swap: a's side and b's side as atom tuples matched by
+            position (``A[0] = a``, ``B[0] = b``); the swap's permutation exchanges ``A[m]``
+            and ``B[m]`` and fixes every other atom. () (and in `to_dict`, left out when
+            every swap is a pair of single atoms): ``((a,), (b,))`` each, as before issue 46.
         straight: ``(a, b, c)`` with ``a < c``: three collinear atoms, b between a and c
             (the angle a-b-c near 180 degrees in the data), that no angle and no torsion axis
             with its reference may be made of (see the module doc); () in `to_dict` is left
@@ -87,6 +113,7 @@ class ZMatrix:
     rows: tuple[tuple[int, int, int, int], ...] = ()
     swaps: tuple[tuple[int, int], ...] = ()
     straight: tuple[tuple[int, int, int], ...] = ()
+    swap_sides: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
 
     def __post_init__(self):  # JSON gives lists
         object.__setattr__(self, "root", tuple(int(a) for a in self.root))
@@ -110,6 +137,7 @@ class ZMatrix:
         for a, b in self.swaps:
             if b not in row_of or row_of[b][3] != a:
                 raise ValueError(f"swap {(a, b)}: b must have a row with torsion reference a")
+        object.__setattr__(self, "swap_sides", self._check_sides(row_of))
         object.__setattr__(self, "straight", _straight(self.n_atoms, self.straight))
         line = {frozenset(t) for t in self.straight}
         root = (a2, self.root_bond, a1 if self.root_bond == a0 else a0)
@@ -120,6 +148,44 @@ class ZMatrix:
                 if frozenset(t) in line:
                     raise ValueError(f"row {(i, j, k, l)}: its {what} {_dash(t)} is straight "
                                      "(in straight)")  # fmt: skip
+
+    def _check_sides(self, row_of) -> tuple:
+        """`swap_sides` as tuples (leaf pairs where empty), refused unless each is an
+        involution that exchanges a and b and fixes j and k of b's row, and no swap moves an
+        atom of an earlier swap's torsion test ``(b, j, k, a)`` (the canonical order)."""
+        sides = self.swap_sides or tuple(((a,), (b,)) for a, b in self.swaps)
+        sides = tuple((tuple(int(v) for v in A), tuple(int(v) for v in B)) for A, B in sides)
+        if len(sides) != len(self.swaps):
+            raise ValueError(f"swap_sides must have one (A, B) per swap ({len(self.swaps)}), "
+                             f"got {len(sides)}")  # fmt: skip
+        for (a, b), (A, B) in zip(self.swaps, sides):
+            moved = A + B
+            if len(A) != len(B) or A[:1] != (a,) or B[:1] != (b,):
+                raise ValueError(f"swap {(a, b)}: its sides must be two tuples of one length "
+                                 f"starting with a and b, got {(A, B)}")  # fmt: skip
+            if len(set(moved)) != len(moved) or not all(0 <= v < self.n_atoms for v in moved):
+                raise ValueError(f"swap {(a, b)}: sides {(A, B)} must be distinct atoms in "
+                                 f"0..{self.n_atoms - 1} (else the swap is no involution)")
+            _, j, k, _ = row_of[b]
+            if j in moved or k in moved:
+                raise ValueError(f"swap {(a, b)}: its sides {(A, B)} must fix j={j} and k={k} "
+                                 "of b's row (its torsion's axis)")  # fmt: skip
+        for m, (A, B) in enumerate(sides):
+            for a, b in self.swaps[:m]:
+                hit = sorted(set(row_of[b]) & set(A + B))
+                if hit:
+                    raise ValueError(f"swap {self.swaps[m]} moves atoms {hit} of the torsion "
+                                     f"{row_of[b]} of the earlier swap {(a, b)}: list outer "
+                                     "swaps first")  # fmt: skip
+        return sides
+
+    def swap_permutation(self, m: int) -> list[int]:
+        """The permutation of swap ``m`` as a list ``sigma: (n,)`` (an involution:
+        ``x[sigma]`` relabels molecules ``x: (..., n, 3)``)."""
+        sigma = list(range(self.n_atoms))
+        for u, v in zip(*self.swap_sides[m]):
+            sigma[u], sigma[v] = v, u
+        return sigma
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -159,11 +225,14 @@ class ZMatrix:
         d = dataclasses.asdict(self)
         if not self.straight:  # as before linear groups: the same config, the same runs
             del d["straight"]
+        if all(len(A) == 1 for A, _ in self.swap_sides):  # as before equivalent sides
+            del d["swap_sides"]
         return d
 
     def describe(self, symbols: list[str] | None = None) -> str:
         """The Z-matrix as lines of text (atoms as ``C3`` with ``symbols``, else ``3``), with a
-        note on each row whose bonded references lie on a straight line (`rods`)."""
+        note on each row whose bonded references lie on a straight line (`rods`) and on each
+        symmetrized row (b of a swap; the sides it swaps where they are more than b)."""
         name = (lambda a: f"{symbols[a]}{a}") if symbols else str
         a0, a1, a2 = self.root
         other = a1 if self.root_bond == a0 else a0
@@ -177,9 +246,14 @@ class ZMatrix:
             lines.append("  ring atoms in the frame of the first three (x, y, z): "
                          + " ".join(name(a) for a in self.cartesian))  # fmt: skip
         line, tree = {frozenset(t) for t in self.straight}, self._bonds()
-        half = {b for _, b in self.swaps}
+        half = {b: (a, A, B) for (a, b), (A, B) in zip(self.swaps, self.swap_sides)}
         for i, j, k, l in self.rows:
-            notes = [" (in (0, 180): geminal pair, symmetrized)"] if i in half else []
+            notes = []
+            if i in half:
+                a, A, B = half[i]
+                notes.append(" (in (0, 180): geminal pair, symmetrized)" if len(A) == 1 else
+                             f" (in (0, 180): equivalent to {name(a)}, symmetrized by swapping "
+                             f"the sides {' '.join(map(name, A))} <-> {' '.join(map(name, B))})")
             # a bonded reference skipped because it is on a line: say which, and the choice
             notes += [f" (linear: {name(i)}-{name(j)}-{name(x)} straight, so the angle is to "
                       f"{name(k)})" for x in sorted(tree[j]) if {i, j, x} in line][:1]
@@ -260,7 +334,7 @@ def ring_atoms(n: int, bonds) -> set[int]:
 
 
 def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = False,
-                  swaps: bool = True, straight=None) -> ZMatrix:  # fmt: skip
+                  swaps: bool = True, straight=None, sides: bool = True) -> ZMatrix:  # fmt: skip
     """The Z-matrix of a connected molecule of ``n >= 3`` atoms (rules in the module doc).
 
     Args:
@@ -271,12 +345,15 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Fa
             all heavy.
         cartesian_rings: place ring atoms as a Cartesian block in the root frame; False
             (the default): ring atoms get Z-matrix rows too (ring-closing bonds implicit).
-        swaps: list the geminal hydrogen pairs (`ZMatrix.swaps`); False: none.
+        swaps: list the pairs of equivalent siblings (`ZMatrix.swaps`); False: none (the
+            rows stay the same).
         straight: ``(a, b, c)`` triples of collinear atoms, b in the middle (the angle a-b-c
             near 180 degrees; either order of a and c), e.g.
             `grassflow.manifolds.internal.straight_angles` of conformers: no root, angle or
             torsion axis with its reference is made of three of them. None or (): the bond
             graph alone decides.
+        sides: equivalent siblings are those with the same hanging tree (see the module
+            doc); False: only terminal hydrogens, the rule before issue 46.
 
     Raises:
         ValueError: fewer than 3 atoms, a bond out of range, a disconnected graph, or a
@@ -329,26 +406,39 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Fa
     cartesian = [b for b in order if b in rings]
     rest = [b for b in order if b not in rings]
     placed += cartesian
-    rows, used, pairs = [], set(), []
-    hydrogens: dict[int, list[int]] = {}  # placed hydrogens (in rows) per atom
+    rows, used, pairs, sides_of = [], set(), [], []
+    group = sibling_groups(rest, parent, adj, Z, sides)
+    first_two = {g[1]: g[0] for g in group.values() if len(g) > 1}  # b -> a of each pair
+    matched = {b: side_map(a, b, parent[a], adj, Z, rest) for b, a in first_two.items()}
+    support = {b: {u for pair in m for u in pair} for b, m in matched.items()}
+    position = {a: m for m, a in enumerate(rest)}
     for i in rest:
         j = parent[i]
-        before = hydrogens.get(j, []) if not heavy[i] and len(adj[i]) == 1 else []
-        for k, l in _references(i, j, placed, before, adj, dist, rings, prefer, bent):
+        members = group.get(i, [i])
+        before = members[: members.index(i)]
+        refs = lambda: _references(i, j, placed, before, adj, dist, rings, prefer, bent)  # noqa
+        pair = None
+        if i in first_two:  # b of a pair: l = a, and k in neither side nor in the sides of a
+            # later pair (whose swap, applied after this one's, must not move this torsion)
+            later = set().union(*(v for b, v in support.items() if position[b] > position[i]))
+            avoid = support[i] | later
+            pair = next(((k, l) for k, l in refs() if l == first_two[i] and k not in avoid
+                         and (j, k, l) not in used), None)  # fmt: skip
+        for k, l in [pair] if pair else refs():
             if (j, k, l) not in used:
                 break
         else:
             raise ValueError(f"atom {i}: no atoms placed before it give a bent angle {i}-{j}-k "
                              f"and a bent {j}-k-l (a linear molecule?)")  # fmt: skip
-        if len(before) == 1 and l == before[0] and swaps:
+        if pair and swaps:
             pairs.append((l, i))
-        if not heavy[i] and len(adj[i]) == 1:
-            hydrogens.setdefault(j, []).append(i)
+            sides_of.append(tuple(zip(*matched[i])))
         used.add((j, k, l))
         rows.append((i, j, k, l))
         placed.append(i)
+    check_automorphisms(sides_of, adj, Z)
     return ZMatrix(n, (a0, a1, a2), root_bond, tuple(cartesian), tuple(rows), tuple(pairs),
-                   straight)
+                   straight, tuple(sides_of))
 
 
 def _references(i, j, placed, before, adj, dist, rings, prefer, bent):
