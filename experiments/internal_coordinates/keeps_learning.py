@@ -69,6 +69,8 @@ VARIANTS = {
     "torus-cosine": dict(model=TORUS, train=dict(weight_decay=0.0, cosine=True)),
     "torus-full": dict(model={**TORUS, "whiten": "full"}, train=dict(weight_decay=0.0)),
     "moebius-small": dict(model=dict(torus=True)),
+    "moebius-wd": dict(model=dict(torus=True), train=dict(weight_decay=1e-2)),
+    "moebius-lr": dict(model=dict(torus=True), train=dict(lr=3e-4)),
     "moebius-mid": dict(model=dict(torus=True, transforms=6, hidden=(128, 128))),
 }
 
