@@ -75,7 +75,8 @@ def _shape_experiment(args):
     exp = shapes.ShapeExperiment(
         data=args.data, key=args.key, model=args.model, geometry=args.geometry,
         use_bonds=False if args.no_bonds else None,
-        harmonic_prior=None if args.prior is None else args.prior == "harmonic")  # fmt: skip
+        harmonic_prior=None if args.prior is None else args.prior == "harmonic",
+        torus=args.torsions == "circle")  # fmt: skip
     if args.split is not None:  # (val, test) fractions; the default stays the preset's
         exp = dataclasses.replace(exp, val_fraction=args.split[0], test_fraction=args.split[1])
     changes = {k: getattr(args, k) for k in ("atol", "rtol") if getattr(args, k) is not None}
@@ -278,6 +279,11 @@ def add_commands(sub) -> None:
                         "(the default for a molecule with a bond graph); cartesian: ShapeFlow "
                         "on straight flow-matching paths (the default otherwise) or grassmann: "
                         "on the Grassmann bundle's; docs/experiments/shapes.md")
+    g.add_argument("--torsions", choices=("cut", "circle"), default="cut",
+                   help="InternalFlow's torsions: cut open, an autoregressive flow from a "
+                        "Gaussian mixture (the default; keeps rings closed on thermal data) or "
+                        "on the circle, a coupling flow (learns longer on minimized conformers, "
+                        "samples in one pass; breaks rings on thermal data: issue 46)")  # fmt: skip
     g.add_argument("--model", default="equivariant-cnf", choices=("equivariant-cnf",),
                    help="the preset's model identifier, equivariant-cnf (the only one) for "
                         "every --data run: --geometry picks InternalFlow or ShapeFlow, which "

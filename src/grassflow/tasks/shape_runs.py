@@ -182,9 +182,10 @@ class ShapeExperiment:
             (`grassflow.manifolds.internal.straight_angles`: nitriles, alkynes); a continued
             run keeps its saved one. None (runs before linear groups): built from the bonds.
         torus: the internal geometry's torsions live on the circle, with a coupling spline
-            flow (`InternalFlowConfig.torus`; the measured winner of issue 46: it keeps
-            learning); False: every torsion cut open, zuko's autoregressive NSF from a
-            Gaussian mixture (issue 41; runs made before issue 46).
+            flow (`InternalFlowConfig.torus`, ``train --torsions circle``: it keeps learning on
+            minimized conformers, but breaks rings on thermal data, issue 46); False (the
+            default): every torsion cut open, zuko's autoregressive NSF from a Gaussian
+            mixture (issue 41).
         bonds, bond_orders, smiles: the molecule's bond table ``((i, j), ...)``, its orders
             and SMILES, read from the data (None when it has none).
         use_bonds: give the model the bond graph (the field's edge features). None, the
@@ -227,7 +228,7 @@ class ShapeExperiment:
     ring_block: bool = False
     mirror_row: int | None = None
     zmatrix: dict | None = None
-    torus: bool = True
+    torus: bool = False
 
     def __post_init__(self):
         refuse_removed_model(self.model)
@@ -284,7 +285,6 @@ class ShapeExperiment:
         removal (`REMOVED_MODELS`); a baseline run's values of the two-part model's options
         (`REMOVED_FIELDS`) are dropped."""
         refuse_removed_model(d.get("model", ADDED_FIELDS["model"]))
-        d = {"torus": ADDED_FIELDS["torus"], **d}  # a run before issue 46 cut every torsion
         return cls(**{k: v for k, v in d.items() if k not in REMOVED_FIELDS})
 
 
@@ -548,6 +548,8 @@ def _distances(P: np.ndarray) -> np.ndarray:
 
 def model_name(exp: ShapeExperiment) -> str:
     """The model of a run, in words, as the README names it."""
+    if exp.geometry == "internal" and exp.torus:
+        return "InternalFlow (internal coordinates: bonds, angles, torsions on the circle)"
     return {"internal": "InternalFlow (internal coordinates: bonds, angles, torsions)",
             "grassmann": "ShapeFlow (Grassmann geometry)"}.get(
         exp.geometry, "ShapeFlow (Cartesian geometry, the EFM baseline)")  # fmt: skip
