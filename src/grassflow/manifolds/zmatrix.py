@@ -347,7 +347,8 @@ def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = Fa
             (the default): ring atoms get Z-matrix rows too (ring-closing bonds implicit).
         swaps: list the pairs of equivalent siblings (`ZMatrix.swaps`); False: none (the
             rows stay the same).
-        straight: ``(a, b, c)`` triples of collinear atoms, b in the middle (the angle a-b-c
+        straight (Iterable[tuple[int, int, int]] | None): ``(a, b, c)`` triples of collinear
+            atoms, b in the middle (the angle a-b-c
             near 180 degrees; either order of a and c), e.g.
             `grassflow.manifolds.internal.straight_angles` of conformers: no root, angle or
             torsion axis with its reference is made of three of them. None or (): the bond
