@@ -210,6 +210,16 @@ def test_zmatrix_rules_on_real_molecules(name, cartesian_rings):
     assert zm.n_internal == 3 * n - 6
 
 
+def _with_row(zm: ZMatrix, row, mutant) -> ZMatrix:
+    """``zm`` with ``row`` replaced by ``mutant``, past ZMatrix's own validation (the rule
+    checker must see the broken row)."""
+    bad = ZMatrix.__new__(ZMatrix)
+    for field, value in zm.to_dict().items():
+        object.__setattr__(bad, field, value)
+    object.__setattr__(bad, "rows", tuple(mutant if r == row else r for r in zm.rows))
+    return bad
+
+
 @pytest.mark.parametrize("smiles, row, mutant, message", [
     ("CCCC", (9, 2, 1, 3), (9, 2, 1, 0), "taken twice"),  # H9 placed like C3
     ("CCCC", (8, 1, 0, 7), (8, 1, 0, 2), "previous hydrogen"),  # H8 ignores H7 on C1
@@ -225,10 +235,7 @@ def test_the_rule_checker_has_power(smiles, row, mutant, message):
     mol, n, bonds, Z = molecule(smiles)
     zm = build_zmatrix(n, bonds, Z, cartesian_rings=True)
     assert row in zm.rows
-    bad = ZMatrix.__new__(ZMatrix)  # skip ZMatrix's own validation: the checker must see it
-    for field, value in zm.to_dict().items():
-        object.__setattr__(bad, field, value)
-    object.__setattr__(bad, "rows", tuple(mutant if r == row else r for r in zm.rows))
+    bad = _with_row(zm, row, mutant)
     with pytest.raises(AssertionError, match=message):
         _rows_obey_the_rules(bad, mol, Z)
 
@@ -472,10 +479,7 @@ def test_the_rule_checker_sees_references_on_a_line(name, row, mutant, message):
     n, bonds, Z = _graph(LINEAR[name])
     zm = build_zmatrix(n, bonds, Z, straight=straight_angles(torch.tensor(x), bonds))
     assert row in zm.rows
-    bad = ZMatrix.__new__(ZMatrix)  # skip ZMatrix's own validation: the checker must see it
-    for field, value in zm.to_dict().items():
-        object.__setattr__(bad, field, value)
-    object.__setattr__(bad, "rows", tuple(mutant if r == row else r for r in zm.rows))
+    bad = _with_row(zm, row, mutant)
     with pytest.raises(AssertionError, match=message):
         _rows_obey_the_rules(bad, mol, Z, cartesian_rings=False)
 

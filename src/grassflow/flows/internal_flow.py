@@ -83,7 +83,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..manifolds.internal import LOG_SO3_VOLUME, InternalCoordinates, random_rotation
+from ..manifolds.internal import LOG_SO3_VOLUME, InternalCoordinates, _dihedral, random_rotation
 from ..manifolds.zmatrix import ZMatrix, build_zmatrix
 from ..nn.torus_splines import TorusSplineFlow
 
@@ -418,15 +418,8 @@ class InternalFlow(nn.Module):
     @staticmethod
     def _torsion(P: Tensor, atoms: Tensor) -> Tensor:
         """``(B,)``: the torsion ``i-j-k-l`` of ``atoms = (i, j, k, l)`` in ``P: (B, n, 3)``,
-        by the arithmetic of `InternalCoordinates` (the same sign, bit for bit), for one row
-        instead of a whole pass."""
-        xi, xj, xk, xl = (P[:, a] for a in atoms)
-        axis = xk - xj
-        axis = axis / axis.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(P.dtype).tiny)
-        v, w = xi - xj, xl - xk
-        v = v - (v * axis).sum(-1, keepdim=True) * axis
-        w = w - (w * axis).sum(-1, keepdim=True) * axis
-        return torch.atan2((torch.linalg.cross(axis, v) * w).sum(-1), (v * w).sum(-1))
+        as `InternalCoordinates` computes it, for one row instead of a whole pass."""
+        return _dihedral(*(P[:, a] for a in atoms))
 
     def _swapped(self, P: Tensor, swap: Tensor) -> Tensor:
         """``P: (B, n, 3)`` with the permutation of each swap of `ZMatrix.swaps` applied where
