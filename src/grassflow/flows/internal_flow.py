@@ -83,7 +83,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..manifolds.internal import LOG_SO3_VOLUME, InternalCoordinates, _dihedral, random_rotation
+from ..manifolds.internal import LOG_SO3_VOLUME, InternalCoordinates, dihedral, random_rotation
 from ..manifolds.zmatrix import ZMatrix, build_zmatrix
 from ..nn.torus_splines import TorusSplineFlow
 
@@ -419,7 +419,7 @@ class InternalFlow(nn.Module):
     def _torsion(P: Tensor, atoms: Tensor) -> Tensor:
         """``(B,)``: the torsion ``i-j-k-l`` of ``atoms = (i, j, k, l)`` in ``P: (B, n, 3)``,
         as `InternalCoordinates` computes it, for one row instead of a whole pass."""
-        return _dihedral(*(P[:, a] for a in atoms))
+        return dihedral(*(P[:, a] for a in atoms))
 
     def _swapped(self, P: Tensor, swap: Tensor) -> Tensor:
         """``P: (B, n, 3)`` with the permutation of each swap of `ZMatrix.swaps` applied where

@@ -42,7 +42,8 @@ from torch import Tensor, nn
 
 from .zmatrix import ZMatrix, graph_distances
 
-__all__ = ["EPS", "InternalCoordinates", "LOG_SO3_VOLUME", "random_rotation", "straight_angles"]
+__all__ = ["EPS", "InternalCoordinates", "LOG_SO3_VOLUME", "dihedral", "random_rotation",
+           "straight_angles"]
 
 EPS = 1e-6
 """Angles are clamped to ``[EPS, pi - EPS]`` (see the module doc)."""
@@ -68,8 +69,9 @@ def _angle(u: Tensor, w: Tensor) -> Tensor:
     return torch.atan2(torch.linalg.cross(u, w).norm(dim=-1), (u * w).sum(-1))
 
 
-def _dihedral(xi: Tensor, xj: Tensor, xk: Tensor, xl: Tensor) -> Tensor:
-    """The torsion ``i-j-k-l`` in ``(-pi, pi]``: the angle about ``j -> k`` from l to i."""
+def dihedral(xi: Tensor, xj: Tensor, xk: Tensor, xl: Tensor) -> Tensor:
+    """The torsion ``i-j-k-l`` ``(...)`` in ``(-pi, pi]`` of atoms ``x*: (..., 3)``: the angle
+    about ``j -> k`` from l to i."""
     axis = _unit(xk - xj)
     v = xi - xj
     w = xl - xk
@@ -80,7 +82,7 @@ def _dihedral(xi: Tensor, xj: Tensor, xk: Tensor, xl: Tensor) -> Tensor:
 
 def _place(xj: Tensor, xk: Tensor, xl: Tensor, b: Tensor, theta: Tensor, phi: Tensor) -> Tensor:
     """The atom i with bond ``|i - j| = b``, angle ``i-j-k = theta``, torsion ``i-j-k-l = phi``
-    (the inverse of `_dihedral` and `_angle`; NeRF)."""
+    (the inverse of `dihedral` and `_angle`; NeRF)."""
     axis = _unit(xk - xj)
     w = xl - xk
     w = _unit(w - (w * axis).sum(-1, keepdim=True) * axis)
@@ -149,7 +151,7 @@ class InternalCoordinates(nn.Module):
         i, j, k, l = (x[..., self.rows[:, m], :] for m in range(4))
         b.append((i - j).norm(dim=-1))
         theta.append(_angle(i - j, k - j))
-        phi = _dihedral(i, j, k, l)
+        phi = dihedral(i, j, k, l)
         block = ((x[..., self.block, :] - x[..., a0, None, :]) @ R).flatten(-2)
         theta = torch.cat(theta, -1).clamp(EPS, math.pi - EPS)
         return R, torch.cat([*b, theta, phi, block], -1)
