@@ -19,11 +19,15 @@ cyclohexanol 19 with its ring; hydrogens explicit) ``--n-conformers`` MMFF94 con
 trained as ``grassflow train --data FILE`` trains it (:func:`grassflow.tasks.shape_runs.run`:
 the same preset, split and training; atom types, the bond graph and the harmonic prior come
 with the file), except that ``--minutes`` is a total CPU budget of the run, validation
-included, so that a rerun continues an interrupted run. The models:
+included, so that a rerun continues an interrupted run. With ``--minimized`` the data are
+minimized ensembles instead (:func:`grassflow.data.conformers.minimized_ensemble`: ETKDG
+embeddings, each MMFF94-minimized, as ``grassflow data conformers --minimized`` makes them),
+in rows named ``MOLECULE (minimized)``; their ESS reweights to MMFF94 at 300 K. The models:
 
 * ``internal``: the default, ``grassflow train --data FILE`` (`grassflow.InternalFlow`, in
   bonds, angles and torsions; issue 41); ``internal-ring-block``: the same with ring atoms
-  as one Cartesian block;
+  as one Cartesian block; ``internal-circle``: ``--torsions circle`` (every torsion an angle,
+  a coupling spline flow on bonds, angles and the circle; issue 46);
 * ``cartesian``: ``--geometry cartesian`` (`ShapeFlow` on straight paths, the EFM
   baseline's geometry, with the chemistry);
 * ``grassmann``: the same with ``--geometry grassmann`` (the same inputs, so the comparison
@@ -67,7 +71,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grassflow.data.conformers import cached_ensemble
+from grassflow.data.conformers import (
+    cached_ensemble,
+    load_ensemble,
+    minimized_ensemble,
+    save_ensemble,
+)
 from grassflow.distributions.cartesian import log_jacobian_gram
 from grassflow.metrics import bond_lengths, bonds_kept_fraction, closest_pair_fraction, mean_sem
 from grassflow.metrics import chemistry as chem
@@ -88,11 +97,15 @@ from grassflow_paper.two_part import (
 
 MOLECULES = {"butane": "CCCC", "glycerol": "OCC(O)CO",
              "alanine-dipeptide": "CC(=O)NC(C)C(=O)NC", "cyclohexanol": "OC1CCCCC1",
-             "l-alanine-dipeptide": "CC(=O)N[C@@H](C)C(=O)NC"}  # fmt: skip
+             "l-alanine-dipeptide": "CC(=O)N[C@@H](C)C(=O)NC", "butan-1-ol": "CCCCO",
+             "ibuprofen": "CC(C)Cc1ccc(cc1)[C@H](C)C(=O)O"}  # fmt: skip
 """``alanine-dipeptide`` has no stereo mark, so its ensemble holds both hands; the natural
-``l-alanine-dipeptide`` (Ac-L-Ala-NHMe) is the row that measures stereo kept."""
+``l-alanine-dipeptide`` (Ac-L-Ala-NHMe) is the row that measures stereo kept; ``butan-1-ol``
+(15 atoms) is issue 46's minimized-ensemble molecule, ``ibuprofen`` ((S), 33 atoms) its
+drug-sized one (an isobutyl branch, a phenyl ring, a stereo centre)."""
 MODELS = {"internal": {"geometry": "internal"},
           "internal-ring-block": {"geometry": "internal", "ring_block": True},
+          "internal-circle": {"geometry": "internal", "torus": True},
           "cartesian": {"geometry": "cartesian"}, "grassmann": {"geometry": "grassmann"},
           "cartesian-gaussian": {"geometry": "cartesian", "harmonic_prior": False},
           "cartesian-wide": {"geometry": "cartesian", "hidden": 64}}  # fmt: skip
@@ -116,6 +129,18 @@ def experiment(data: Path, model: str, minutes: float, n_val: int, device: str =
     return exp
 
 
+def ensemble(name: str, n: int, seed: int, runs: Path, minimized: bool) -> tuple:
+    """The conformers of molecule ``name`` and their file in ``RUNS/data``: ``n`` thermal ones
+    (`cached_ensemble`), or ``n`` minimized ones, made once and then read."""
+    if not minimized:
+        data = runs / "data" / f"{name}-{n}-seed{seed}.npz"
+        return cached_ensemble(data, MOLECULES[name], n, seed=seed), data
+    data = runs / "data" / f"{name}-minimized-{n}-seed{seed}.npz"
+    if not data.exists():
+        save_ensemble(data, minimized_ensemble(MOLECULES[name], n, seed=seed))
+    return load_ensemble(data), data
+
+
 def template(ens) -> object:
     """The RDKit molecule of an ensemble, in its atom order."""
     return chem.template_from_molblock(ens.molblock) if ens.molblock \
@@ -133,7 +158,7 @@ def pictures(mol, X: np.ndarray, ref: np.ndarray, E: np.ndarray, E_ref: np.ndarr
     quads = chem.torsion_quads(mol)
     if len(quads):
         paths.append(plot_torsions(X, ref, quads, f"{stem}-torsions.png", labels))
-    if name.endswith("alanine-dipeptide"):
+    if "alanine-dipeptide" in name:
         q = np.array(chem.alanine_dipeptide_phi_psi(mol))
         paths.append(plot_ramachandran(chem.dihedrals(X, q), chem.dihedrals(ref, q),
                                        f"{stem}-ramachandran.png", labels))  # fmt: skip
@@ -145,7 +170,7 @@ def chem_kT(exp) -> float:
     from grassflow.data.conformers import KB_KCAL
     from grassflow.tasks.reweight import data_temperature
 
-    return KB_KCAL * data_temperature(exp.data)
+    return KB_KCAL * (data_temperature(exp.data) or 300.0)  # minimized data: 300 K
 
 
 def weighted_torsion_jsd(mol, X: np.ndarray, w: np.ndarray, ref: np.ndarray,
@@ -458,6 +483,8 @@ def main() -> None:
     p.add_argument("--n-val", type=int, default=50,
                    help="validation conformers for the flow's exact NLL during training")
     p.add_argument("--seed", type=int, default=0, help="of the conformer ensembles")
+    p.add_argument("--minimized", action="store_true",
+                   help="minimized ensembles (ETKDG + MMFF94) instead of thermal ones")
     p.add_argument("--runs", default="runs/real_molecules")
     p.add_argument("--out", default="results")
     p.add_argument("--smoke", action="store_true",
@@ -496,11 +523,13 @@ def main() -> None:
         (out / "real_molecules.md").write_text(markdown(rows))
 
     for name in args.molecules:
-        data = runs / "data" / f"{name}-{args.n_conformers}-seed{args.seed}.npz"
-        ens = cached_ensemble(data, MOLECULES[name], args.n_conformers, seed=args.seed)
+        ens, data = ensemble(name, args.n_conformers, args.seed, runs, args.minimized)
         mol = template(ens)
+        dir_name = name + ("-minimized" if args.minimized else "")
+        name = name + (" (minimized)" if args.minimized else "")
         base = {"molecule": name, "smiles": ens.smiles, "n_atoms": ens.positions.shape[1],
-                "n_conformers": len(ens.positions), "data_acceptance": ens.stats["acceptance"],
+                "n_conformers": len(ens.positions),
+                "data_acceptance": ens.stats.get("acceptance"),
                 "data_cpu_seconds": ens.stats["cpu_seconds"]}  # fmt: skip
         if args.diagnose:  # the removed model's finished rows
             for r in rows:
@@ -518,15 +547,15 @@ def main() -> None:
                    "device": torch.cuda.get_device_name() if "cuda" in args.device else "cpu"}
             if key(row) in done:
                 continue
-            run_dir = runs / name / label.replace(":", "")
+            run_dir = runs / dir_name / label.replace(":", "")
             c0, w0 = time.process_time(), time.perf_counter()
             exp = experiment(data, model, args.minutes, args.n_val, args.device, args.clock,
                              args.ema)  # fmt: skip
             shapes.run(exp, run_dir, resume=True, progress=False)
             row["run_cpu_minutes_this_invocation"] = (time.process_time() - c0) / 60
             row["run_wall_minutes_this_invocation"] = (time.perf_counter() - w0) / 60
-            save(row | evaluate_chemistry(run_dir, mol, name, args.n_test, args.n_samples, pics,
-                                          args.device, args.minutes, args.n_ess))  # fmt: skip
+            save(row | evaluate_chemistry(run_dir, mol, dir_name, args.n_test, args.n_samples,
+                                          pics, args.device, args.minutes, args.n_ess))  # fmt: skip
     print(markdown(rows))
 
 

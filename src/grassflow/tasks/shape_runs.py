@@ -117,12 +117,17 @@ def refuse_removed_model(model: str, run_dir: str | Path | None = None) -> None:
 def _internal_schedule(flow: TrainConfig) -> TrainConfig:
     """``flow`` with `InternalFlow`'s validation schedule and regularization where it has
     `_flow_config`'s values: its validation is one cheap pass, so it validates often (small
-    data sets overfit within minutes, and ``best.pt`` should catch the optimum)."""
+    data sets overfit within minutes, and ``best.pt`` should catch the optimum); with a
+    budget and the preset's step count, the budget alone ends the run."""
     preset, schedule = _flow_config(), ("val_every", "val_doubling_from", "val_every_minutes")
     same = lambda keys: all(getattr(flow, k) == getattr(preset, k) for k in keys)
     if same(schedule):  # a user's --val-every stands
         flow = flow.replace(val_every=100, val_doubling_from=None, val_every_minutes=None)
     internal = {"checkpoint_every": 1000, "weight_decay": 1e-4}
+    if flow.total_budget_minutes is not None or flow.budget_minutes is not None:
+        # a budget decides the length: 20,000 steps take a small flow ~6 CPU minutes, and
+        # the circle's design still improves there (issue 46)
+        internal["iterations"] = None
     return flow.replace(**{k: v for k, v in internal.items() if same((k,))})
 
 
