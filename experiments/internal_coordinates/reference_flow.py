@@ -4,11 +4,14 @@ same split and CPU budget (issue 46: the target is within 10 nats of it).
 Run (one core; the grassflow run first, then the reference on its split)::
 
     PYTHONPATH=src python experiments/molecules/real_molecules.py --minutes 20 \\
-        --molecules butan-1-ol --minimized --n-conformers 1500 --models internal-circle \\
+        --molecules butan-1-ol --minimized --n-conformers 1500 --models internal \\
         --runs runs/real_molecules --out results
     PYTHONPATH=src python experiments/internal_coordinates/reference_flow.py \\
-        --run runs/real_molecules/butan-1-ol-minimized/internal-circle --minutes 20 \\
+        --run runs/real_molecules/butan-1-ol-minimized/internal --minutes 20 \\
         --out results/reference_flow
+
+A rerun with another ``--run`` on the same data reuses the trained reference (its checkpoint
+``OUT.pt``) and adds that run's row.
 
 The reference is the design the issue measured (written here, not `grassflow.nn`):
 
@@ -282,7 +285,9 @@ def main() -> None:
     }  # fmt: skip
     path = out.with_suffix(".json")
     rows = json.loads(path.read_text()) if path.exists() else []
-    rows = [r for r in rows if (r["data"], r["minutes"]) != (row["data"], row["minutes"])]
+    key = lambda r: (r["run"], r["minutes"])
+    row["run"] = str(run)
+    rows = [r for r in rows if key(r) != key(row)]
     rows.append(row)
     path.write_text(json.dumps(rows, indent=1))
     out.with_suffix(".md").write_text(markdown(rows))

@@ -52,10 +52,15 @@ The pieces, each an exact bijection with its log-determinant:
    negates every torsion, so it would flip the swaps' tests after them, while the swaps
    leave the mirror row's torsion alone (its atoms are in no swapped side).
 5. A rational-quadratic spline flow, one of two designs (``InternalFlowConfig.torus``):
-   ``torus=True``: every full torsion stays an angle on the circle (no cut, no logit in
-   step 2, not shifted or scaled in step 3), and `grassflow.nn.torus_splines.TorusSplineFlow`
-   maps R^a x T^c to a N(0, 1) x uniform base by coupling layers, circular splines on the
-   torsions (one pass each way: sampling costs what the density costs); ``torus=False``
+   ``torus=True``: every full torsion about a chain bond stays an angle on the circle (no
+   cut, no logit in step 2, not shifted or scaled in step 3), and
+   `grassflow.nn.torus_splines.TorusSplineFlow` maps R^a x T^c by coupling layers, circular
+   splines on the torsions (one pass each way: sampling costs what the density costs), to a
+   base that is a Gaussian mixture fitted to the real coordinates times uniform on the
+   circle. Torsions about ring bonds are real, cut as in step 2: their pucker modes (two
+   chairs) are joint, which the mixture and the whitening hold, and a uniform base does not
+   (cyclohexanol: 42.8 % of samples kept every bond from a N(0, 1) x uniform base with every
+   torsion circular, 99.5 % so); ``torus=False``
    (issue 41): zuko's ``NSF`` (autoregressive by default) from a Gaussian mixture fitted to
    the whitened data, whose sampling inverts 3n - 6 passes.
 
@@ -84,7 +89,7 @@ import torch
 from torch import Tensor, nn
 
 from ..manifolds.internal import LOG_SO3_VOLUME, InternalCoordinates, dihedral, random_rotation
-from ..manifolds.zmatrix import ZMatrix, build_zmatrix
+from ..manifolds.zmatrix import ZMatrix, build_zmatrix, ring_bonds
 from ..nn.torus_splines import TorusSplineFlow
 
 __all__ = ["InternalFlow", "InternalFlowConfig", "choose_mirror_row"]
@@ -120,16 +125,17 @@ class InternalFlowConfig:
             widths, and the spline's bins.
         passes: None (autoregressive: one pass for the density, 3n - 6 to sample) or 2
             (coupling: two for both).
-        components: of the Gaussian mixture the flow starts from (fitted by k-means to the
-            whitened training data): separate modes (two chairs of a ring, rotamers) need
-            no mass between them, which a flow from one Gaussian leaks.
+        components: of the Gaussian mixture the flow starts from (fitted by k-means and EM
+            to the whitened training data; with ``torus``, to its real coordinates):
+            separate modes (two chairs of a ring, rotamers) need no mass between them, which
+            a flow from one Gaussian leaks.
         zmatrix: the `ZMatrix` as a dict; None: built from the bond graph (`build_zmatrix`).
         dim: 3 (molecules in space; the field is there so that the contract reads alike).
         mirror_row: index of the Z-matrix row whose torsion's sign the model symmetrizes
             over by reflection (an achiral molecule, `choose_mirror_row`); None: none.
         torus: the torsions on the circle: a `grassflow.nn.torus_splines.TorusSplineFlow`
-            (coupling layers, circular splines on the torsions, a N(0, 1) x uniform base;
-            ``passes`` and ``components`` unused); False: each torsion cut open at its
+            (coupling layers, circular splines on the torsions about chain bonds, a mixture
+            x uniform base; ``passes`` unused); False: each torsion cut open at its
             emptiest angle and zuko's ``NSF`` from a Gaussian mixture (issue 41).
         whiten: ``"full"``: the real coordinates (all but the circular torsions) whitened by
             their full covariance; ``"diagonal"``: each standardized on its own.
@@ -224,14 +230,19 @@ class InternalFlow(nn.Module):
         self.register_buffer("half_turn", half, persistent=False)  # torsions in (0, pi)
         nb, na = self.ic.n_bonds, self.ic.n_angles
         circular = torch.zeros(m, dtype=torch.bool)
-        if config.torus:  # the torsions that live on the whole circle
-            circular[nb + na: nb + na + self.ic.n_torsions] = ~half
+        if config.torus:  # the torsions that live on the whole circle: not about a ring bond
+            ring = ring_bonds(self.n_points, config.bonds)
+            about_ring = torch.tensor([tuple(sorted(r[1:3])) in ring for r in zm.rows],
+                                      dtype=torch.bool)  # fmt: skip
+            circular[nb + na: nb + na + self.ic.n_torsions] = ~half & ~about_ring
         self.register_buffer("circular", circular, persistent=False)
         if config.torus:  # the circle's standardization (`_moebius`), fitted to the data
             self.register_buffer("circ_mean", torch.zeros(self.ic.n_torsions, dtype=torch.float64))
             self.register_buffer("circ_width", torch.ones(self.ic.n_torsions, dtype=torch.float64))
         if config.torus:
-            self.flow = TorusSplineFlow(circular, config.transforms, config.hidden, config.bins)
+            mixture = _zuko().flows.GMM(int((~circular).sum()), components=config.components)
+            self.flow = TorusSplineFlow(circular, config.transforms, config.hidden, config.bins,
+                                        real_base=mixture)  # fmt: skip
         else:
             zuko = _zuko()
             nsf = zuko.flows.NSF(m, transforms=config.transforms, bins=config.bins,
@@ -376,14 +387,17 @@ class InternalFlow(nn.Module):
         L = torch.eye(len(u[0]), dtype=u.dtype, device=u.device)
         L[real.nonzero(), real.nonzero()[:, 0]] = torch.linalg.cholesky(cov)
         self.scale_tril.copy_(L)
-        if not self.config.torus:
-            self._init_mixture(self.whiten(u))
+        w = self.whiten(u)
+        if self.config.torus:
+            self._init_mixture(self.flow.real_base, w[:, real])
+        else:
+            self._init_mixture(self.flow.base, w)
 
     @torch.no_grad()
-    def _init_mixture(self, w: Tensor, iterations: int = 20) -> None:
-        """The base mixture fitted to the whitened training data ``w: (N, m)``: k-means
+    def _init_mixture(self, gmm, w: Tensor, iterations: int = 20) -> None:
+        """zuko's ``GMM`` ``gmm`` fitted to the whitened training data ``w: (N, m)``: k-means
         (Lloyd, from evenly spaced points), then EM with full, ridged covariances."""
-        logits, loc, diag, tril = self.flow.base.phi
+        logits, loc, diag, tril = gmm.phi
         # at least 4 m points per fitted component (few molecules: fewer components; the
         # rest keep a negligible weight), or EM fits each cluster's noise
         K = max(1, min(len(logits), len(w) // (4 * w.shape[1])))
@@ -464,7 +478,8 @@ class InternalFlow(nn.Module):
         return self.flow.from_base(eps) if self.config.torus else self.flow().transform.inv(eps)
 
     def base_log_prob(self, eps: Tensor) -> Tensor:
-        """The base density of ``eps: (B, m)``: the mixture, or N(0, 1) x uniform."""
+        """The base density of ``eps: (B, m)``: the mixture (with ``torus``: on the real
+        coordinates, times uniform on the circle)."""
         return self.flow.base_log_prob(eps) if self.config.torus else \
             self.flow().base.log_prob(eps)  # fmt: skip
 

@@ -77,7 +77,7 @@ from dataclasses import dataclass
 
 from .graph_sides import check_automorphisms, side_map, sibling_groups
 
-__all__ = ["ZMatrix", "build_zmatrix", "graph_distances", "ring_atoms"]
+__all__ = ["ZMatrix", "build_zmatrix", "graph_distances", "ring_atoms", "ring_bonds"]
 
 
 @dataclass(frozen=True)
@@ -314,10 +314,10 @@ def graph_distances(n: int, bonds) -> list[list[int]]:
     return [_distances(adj, a) for a in range(n)]
 
 
-def ring_atoms(n: int, bonds) -> set[int]:
-    """The atoms that lie on a cycle of the bond graph (both ends of every non-bridge bond)."""
+def ring_bonds(n: int, bonds) -> set[tuple[int, int]]:
+    """The bonds ``(i, j)``, ``i < j``, that lie on a cycle of the bond graph (not bridges)."""
     adj = _adjacency(n, bonds)
-    out: set[int] = set()
+    out: set[tuple[int, int]] = set()
     for i in range(n):
         for j in adj[i]:
             if i < j:  # is (i, j) a bridge? i and j stay connected without it
@@ -329,8 +329,13 @@ def ring_atoms(n: int, bonds) -> set[int]:
                             seen.add(b)
                             stack.append(b)
                 if j in seen:
-                    out |= {i, j}
+                    out.add((i, j))
     return out
+
+
+def ring_atoms(n: int, bonds) -> set[int]:
+    """The atoms that lie on a cycle of the bond graph (both ends of every non-bridge bond)."""
+    return {a for bond in ring_bonds(n, bonds) for a in bond}
 
 
 def build_zmatrix(n: int, bonds, atomic_numbers=None, cartesian_rings: bool = False,

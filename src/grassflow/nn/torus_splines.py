@@ -12,8 +12,9 @@ a cut):
 * an angle: a half-turn shift, then zuko's spline on ``[-pi, pi]``, whose slopes at both
   ends are 1, so it is a diffeomorphism of the circle (Rezende et al. 2020).
 
-The base is N(0, 1) on the real features and uniform on the circle, so the density on
-R^a x T^c is normalized exactly whatever the weights. Each layer's last linear map starts at
+The base is N(0, 1) (or a given normalized ``real_base``, e.g. a fitted Gaussian mixture) on
+the real features and uniform on the circle, so the density on R^a x T^c is normalized
+exactly whatever the weights. Each layer's last linear map starts at
 zero (every spline the identity): the flow starts as its base. One pass each way: the
 density and the sample cost the same (a coupling flow, not an autoregressive one).
 
@@ -100,11 +101,16 @@ class TorusSplineFlow(nn.Module):
         bins: spline bins.
         bound: the real features' spline interval ``[-bound, bound]`` (identity outside).
         seed: of the feature split of each pair of layers (a fixed random half).
+        real_base: the base of the real features, a module whose call returns a
+            distribution over ``(a,)`` (zuko's ``LazyDistribution``, e.g. a fitted ``GMM``);
+            None: N(0, 1).
     """
 
     def __init__(self, circular: Tensor, transforms: int = 8, hidden: tuple[int, ...] = (256, 256),
-                 bins: int = 8, bound: float = 5.0, seed: int = 0):  # fmt: skip
+                 bins: int = 8, bound: float = 5.0, seed: int = 0,
+                 real_base: nn.Module | None = None):  # fmt: skip
         super().__init__()
+        self.real_base = real_base
         circular = torch.as_tensor(circular, dtype=torch.bool)
         m = len(circular)
         if m < 2:
@@ -121,11 +127,12 @@ class TorusSplineFlow(nn.Module):
         self.layers = nn.ModuleList(layers)
 
     def base_log_prob(self, z: Tensor) -> Tensor:
-        """``(...)``: N(0, 1) on the real features, uniform on the circle."""
+        """``(...)``: N(0, 1) (or ``real_base``) on the real features, uniform on the circle."""
         r = z[..., ~self.circular]
         n_circ = int(self.circular.sum())
-        return (-0.5 * r.square().sum(-1) - 0.5 * r.shape[-1] * math.log(TWO_PI)
-                - n_circ * math.log(TWO_PI))  # fmt: skip
+        real = -0.5 * r.square().sum(-1) - 0.5 * r.shape[-1] * math.log(TWO_PI) \
+            if self.real_base is None else self.real_base().log_prob(r)  # fmt: skip
+        return real - n_circ * math.log(TWO_PI)
 
     def to_base(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``z`` of ``x: (..., m)`` and ``log |dz/dx|: (...)``."""
@@ -152,7 +159,13 @@ class TorusSplineFlow(nn.Module):
         dtype = next(self.parameters()).dtype
         z = torch.randn(n, len(ref), dtype=dtype, generator=generator)
         u = (torch.rand(n, len(ref), dtype=dtype, generator=generator) * 2 - 1) * math.pi
-        return torch.where(ref.cpu(), u, z).to(ref.device)
+        z = torch.where(ref.cpu(), u, z).to(ref.device)
+        if self.real_base is not None:  # its draws seeded from ``generator``
+            seed = int(torch.randint(2**62, (1,), generator=generator))
+            with torch.random.fork_rng(devices=[] if ref.device.type == "cpu" else [ref.device]):
+                torch.manual_seed(seed)
+                z[:, ~ref] = self.real_base().sample((n,)).to(z)
+        return z
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """``(n, m)`` draws of the flow."""
