@@ -29,6 +29,19 @@ def _seed_and_dtype():
     torch.set_default_dtype(old)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cpu_clock(monkeypatch):
+    """Each test starts the CPU clock at zero, as a fresh command would. ``train`` charges the
+    process's CPU seconds so far to ``--minutes`` (its start-up), and a test process that has
+    already run other tests for minutes would otherwise start a budgeted run out of budget
+    (CI: ``--minutes 5`` trained no step in a worker past 5 CPU minutes)."""
+    from grassflow.training import clock
+
+    cpu = clock._cpu
+    origin = cpu()
+    monkeypatch.setattr(clock, "_cpu", lambda: cpu() - origin)
+
+
 def random_orthogonal(k: int, reflect: bool = True) -> torch.Tensor:
     """A random Q in O(k); with ``reflect`` its determinant is -1."""
     Q = torch.linalg.qr(torch.randn(k, k))[0]
