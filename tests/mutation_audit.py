@@ -164,6 +164,9 @@ MUTATIONS = {
     "InternalFlow: samples not swapped at random": (
         "grassflow/flows/internal_flow.py", "            return self._swapped(X, coins[:, :-1])",
         "            return X", ["tests/test_internal_flow.py"]),
+    "InternalFlow: the fitted mixture trained whatever train_base says": (
+        "grassflow/flows/internal_flow.py", "        if not config.train_base:",
+        "        if False:", ["tests/test_internal_flow.py", "tests/test_shapes_experiment.py"]),
     "InternalFlow: ring closure without the whitening's correlations": (
         "grassflow/flows/internal_flow.py", "        cov = cov + 1e-8",
         "        cov = torch.diag_embed(cov.diagonal()) + 1e-8", ["tests/test_internal_flow.py"]),

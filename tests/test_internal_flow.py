@@ -421,17 +421,37 @@ def test_config_and_checkpoint_round_trips_give_identical_log_prob(tmp_path):
 
 
 def test_gradients_reach_every_parameter():
-    """Catches a parameter cut off from the likelihood (detached, or a layer left out)."""
+    """Catches a parameter cut off from the likelihood (detached, or a layer left out): every
+    parameter that trains gets a finite, nonzero gradient; the fitted mixture trains only
+    with ``train_base``."""
     model = _small("ring5")
     x = _proposal(5, 64, torch.Generator().manual_seed(11))[0]
     model.zero_grad()
     (-model.log_prob(x).mean()).backward()
-    params = dict(model.named_parameters())
-    assert params
+    params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    assert params and not any(k.startswith("flow.base.") for k in params)
     for name, p in params.items():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
         assert p.grad.abs().sum() > 0, name
     model.zero_grad()
+
+
+@pytest.mark.parametrize("train_base", [False, True])
+def test_the_fitted_mixture_trains_only_with_train_base(train_base):
+    """Catches ``train_base`` ignored: an Adam step on the whole model moves the mixture that
+    k-means and EM fitted exactly when ``train_base`` is True, and the spline flow always
+    (issue 46: a trained mixture on minimized conformers blows the loss up)."""
+    torch.manual_seed(10)
+    model = InternalFlow(InternalFlowConfig(**SMALL["chain4"], transforms=2, hidden=(16, 16),
+                                            train_base=train_base)).double()  # fmt: skip
+    data = _broad(model, 500, torch.Generator().manual_seed(12))
+    model.fit_normalization(data)
+    base = {k: p.detach().clone() for k, p in model.flow.base.named_parameters()}
+    flow = {k: p.detach().clone() for k, p in model.flow.transform.named_parameters()}
+    _train(model, data, steps=3, batch=64, lr=1e-2, g=torch.Generator().manual_seed(13))
+    moved = lambda before, now: any(not torch.equal(before[k], p) for k, p in now)
+    assert moved(base, model.flow.base.named_parameters()) == train_base
+    assert moved(flow, model.flow.transform.named_parameters())
 
 
 def test_float32_model_agrees_with_float64():

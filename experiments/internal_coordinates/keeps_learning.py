@@ -16,10 +16,12 @@ sees the same seeded 80/10/10 split.
 
 Variants (``VARIANTS``): ``issue41`` is what ``grassflow train --data`` trained before issue
 46 (zuko's autoregressive NSF, 3 transforms of 64 x 64, cut torsions, full whitening, an
-8-component mixture base; Adam lr 1e-3, L2 weight decay 1e-4, batch 128); each other changes
+8-component mixture base, trained; Adam lr 1e-3, L2 weight decay 1e-4, batch 128); each other changes
 one thing: ``diagonal`` (each coordinate standardized alone), ``coupling`` (two-pass
 coupling NSF), ``one-gaussian`` (a one-component base), ``big`` (8 transforms of 256 x 256),
 ``lr3e-4``, ``cosine`` (the lr decays to 0 over the budget), ``batch512``, ``no-decay``,
+``clip100`` (gradients clipped to norm 100), ``frozen-base`` (the fitted mixture not trained:
+``grassflow train --data``'s default since),
 ``torus`` (circular splines on the torsions, coupling layers, a N(0,1) x uniform base,
 `grassflow.nn.torus_splines`), and combinations of the winners. The
 ``torus-*`` rows of a file were made before the circle's standardization
@@ -50,8 +52,9 @@ from grassflow_paper import provenance
 
 SMILES = {"butanol-minimized": "CCCCO", "butane": "CCCC", "glycerol": "OCC(O)CO",
           "cyclohexanol": "OC1CCCCC1", "l-alanine-dipeptide": "CC(=O)N[C@@H](C)C(=O)NC"}  # fmt: skip
-ISSUE41 = dict(model=dict(transforms=3, hidden=(64, 64)),
-               train=dict(lr=1e-3, weight_decay=1e-4, batch=128, cosine=False))  # fmt: skip
+ISSUE41 = dict(model=dict(transforms=3, hidden=(64, 64), train_base=True),
+               train=dict(lr=1e-3, weight_decay=1e-4, batch=128, cosine=False,
+                          clip=None))  # fmt: skip
 TORUS = dict(torus=True, transforms=8, hidden=(256, 256), whiten="diagonal")
 VARIANTS = {
     "issue41": {},
@@ -63,6 +66,8 @@ VARIANTS = {
     "cosine": dict(train=dict(cosine=True)),
     "batch512": dict(train=dict(batch=512)),
     "no-decay": dict(train=dict(weight_decay=0.0)),
+    "clip100": dict(train=dict(clip=100.0)),
+    "frozen-base": dict(model=dict(train_base=False)),
     "torus-small": dict(model=dict(torus=True)),
     "torus-small-full": dict(model=dict(torus=True, whiten="full", transforms=8)),
     "torus": dict(model=TORUS, train=dict(weight_decay=0.0)),
@@ -125,6 +130,8 @@ def run(name: str, variant: str, seconds: float, data_dir: Path, n_conformers: i
         loss = -model.log_prob(batch).mean()
         opt.zero_grad()
         loss.backward()
+        if t["clip"] is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t["clip"])
         opt.step()
         step += 1
         running = (running + [loss.item()])[-100:]

@@ -61,7 +61,8 @@ def summary(run: Path) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     head = "| run | best val (iteration) | " + " | ".join(
-        f"val / loss at {s:,}" for s in MILESTONES) + " | end: val / loss (iteration) | best to 1,000 - best after |"  # fmt: skip
+        f"val / loss at {s:,}" for s in MILESTONES) \
+        + " | end: val / loss (iteration) | best to 1,000 - best after |"  # fmt: skip
     lines = [provenance.made_by(rows).rstrip(), "",
              "Validation NLL and training loss (nats per molecule) of each run, at the last "
              "validation at or before each step.", "", head,

@@ -139,6 +139,11 @@ class InternalFlowConfig:
             emptiest angle and zuko's ``NSF`` from a Gaussian mixture (issue 41).
         whiten: ``"full"``: the real coordinates (all but the circular torsions) whitened by
             their full covariance; ``"diagonal"``: each standardized on its own.
+        train_base: train the fitted mixture with the flow. False (the default): it stays as
+            k-means and EM fitted it, and only the flow learns. On minimized conformers
+            (near-copies of a few minima) a trained component shrinks onto one minimum until
+            a step blows the loss up by 100-200 nats, and training spends thousands of
+            steps recovering (issue 46, `experiments/internal_coordinates/keeps_learning.py`).
     """
 
     n_points: int
@@ -155,6 +160,7 @@ class InternalFlowConfig:
     components: int = 8
     torus: bool = False
     whiten: str = "full"
+    train_base: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "bonds", tuple((int(i), int(j)) for i, j in self.bonds))
@@ -264,6 +270,8 @@ class InternalFlow(nn.Module):
         mirror = zm.rows[config.mirror_row] if self.n_mirror else (0, 0, 0, 0)
         self.register_buffer("mirror_test", torch.tensor(mirror, dtype=torch.long),
                              persistent=False)  # fmt: skip
+        if not config.train_base:  # still parameters, so that checkpoints keep the fit
+            (self.flow.real_base if config.torus else self.flow.base).requires_grad_(False)
         self.last_stats: dict = {}
         self.double()  # one dtype for zuko's parameters and the buffers, whatever the default
 

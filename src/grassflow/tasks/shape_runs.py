@@ -74,7 +74,8 @@ two-part ShapeFlow (GrCNF on the spans + Gram density), removed in issue 34."""
 # preset fields added after runs were made: the value those runs had without saying so
 # (a preset without ``model`` is a two-part ShapeFlow run's)
 ADDED_FIELDS = {"model": "shapeflow", "coupling": "equivariant-ot", "geometry": "cartesian",
-                "ring_block": True, "mirror_row": None, "zmatrix": None, "torus": False}
+                "ring_block": True, "mirror_row": None, "zmatrix": None, "torus": False,
+                "train_base": True}
 # preset fields of the removed two-part model: a baseline run's saved values of them are ignored
 REMOVED_FIELDS = ("potential", "prior", "objective", "gram", "gram_density", "gram_components")
 
@@ -191,6 +192,10 @@ class ShapeExperiment:
             minimized conformers, but breaks rings on thermal data, issue 46); False (the
             default): every torsion cut open, zuko's autoregressive NSF from a Gaussian
             mixture (issue 41).
+        train_base: the internal geometry's fitted mixture is trained with the flow
+            (`InternalFlowConfig.train_base`); False (the default since issue 46): it stays as
+            fitted, which keeps training on minimized conformers from blowing up. Runs made
+            before read as True.
         bonds, bond_orders, smiles: the molecule's bond table ``((i, j), ...)``, its orders
             and SMILES, read from the data (None when it has none).
         use_bonds: give the model the bond graph (the field's edge features). None, the
@@ -234,6 +239,7 @@ class ShapeExperiment:
     mirror_row: int | None = None
     zmatrix: dict | None = None
     torus: bool = False
+    train_base: bool = False
 
     def __post_init__(self):
         refuse_removed_model(self.model)
@@ -290,6 +296,7 @@ class ShapeExperiment:
         removal (`REMOVED_MODELS`); a baseline run's values of the two-part model's options
         (`REMOVED_FIELDS`) are dropped."""
         refuse_removed_model(d.get("model", ADDED_FIELDS["model"]))
+        d = {"train_base": ADDED_FIELDS["train_base"], **d}  # runs before issue 46 trained it
         return cls(**{k: v for k, v in d.items() if k not in REMOVED_FIELDS})
 
 
@@ -365,7 +372,7 @@ def build_model(exp: ShapeExperiment) -> ShapeFlow | InternalFlow:
         config = InternalFlowConfig(exp.n_points, exp.bonds, exp.labels, exp.ring_block,
                                     hidden=(exp.hidden,) * 2, transforms=exp.layers,
                                     mirror_row=exp.mirror_row, zmatrix=exp.zmatrix,
-                                    torus=exp.torus)  # fmt: skip
+                                    torus=exp.torus, train_base=exp.train_base)  # fmt: skip
         with seeded_init(exp.flow.seed):
             return InternalFlow.from_config(config).double()
     labels = None if exp.labels is None or not exp.efm_labels else exp.labels
@@ -443,9 +450,9 @@ def run(
     if internal:
         exp.flow = _internal_schedule(exp.flow)
     if old:
+        kept = {k: old.get(k, ADDED_FIELDS[k]) for k in ("torus", "train_base")}
         exp = dataclasses.replace(exp, hand=old.get("hand"), mirror_row=old.get("mirror_row"),
-                                  zmatrix=old.get("zmatrix"),
-                                  torus=old.get("torus", ADDED_FIELDS["torus"]))  # fmt: skip
+                                  zmatrix=old.get("zmatrix"), **kept)  # fmt: skip
         trained = old.get("flow", {}).get("dtype", "float64")
         if exp.flow.dtype == _flow_config().dtype:  # the preset's: a run continues as trained
             exp.flow = exp.flow.replace(dtype=trained)
