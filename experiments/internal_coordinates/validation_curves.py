@@ -12,8 +12,8 @@ molecule, the run's own validation split) and the training loss beside it. Repor
 the best validation and its iteration, the last iteration, the validation and the training
 loss at a few milestones (the last validation at or before 100, 300, 1,000, 3,000, 10,000
 steps and the end), and what the steps after 1,000 bought: the best validation up to step
-1,000 minus the best after it (positive: the run kept learning; negative: it had peaked). ``OUT.json`` / ``.md`` and ``OUT.png`` (every curve
-against the iteration, log scale).
+1,000 minus the best after it (positive: the run kept learning; negative: it had peaked).
+``OUT.json`` / ``.md`` and ``OUT.png`` (every curve against the iteration, log scale).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def picture(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in rows:
         it, val, _ = zip(*r["curve"])
-        line, = ax.plot(it, val, label=Path(r["run"]).parent.name)
+        line, = ax.plot(it, val, label="/".join(Path(r["run"]).parts[-3:]))
         ax.plot([r["best_iteration"]], [r["best_val"]], "o", color=line.get_color())
     ax.set_xscale("log")
     ax.set_xlabel("iteration")
