@@ -45,7 +45,7 @@ def config(variant: str, n: int, bonds, labels, train: torch.Tensor) -> Internal
     if variant != "no-symmetry" and find_hand(train.numpy(), bonds) is None:
         mirror = choose_mirror_row(zm, train, labels)
     return InternalFlowConfig(n, bonds, labels, rings, zmatrix=zm.to_dict(), mirror_row=mirror,
-                              hidden=(64, 64), transforms=3, train_base=True,
+                              hidden=(64, 64), transforms=3,
                               components=1 if variant == "one-gaussian" else 8)  # fmt: skip
 
 

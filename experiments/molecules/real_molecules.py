@@ -25,9 +25,8 @@ embeddings, each MMFF94-minimized, as ``grassflow data conformers --minimized`` 
 in rows named ``MOLECULE (minimized)``; their ESS reweights to MMFF94 at 300 K. The models:
 
 * ``internal``: the default, ``grassflow train --data FILE`` (`grassflow.InternalFlow`, in
-  bonds, angles and torsions; issue 41; its fitted mixture is not trained since issue 46),
-  ``internal-trained-base``: the same with the mixture trained (issue 41's, and every
-  ``internal`` row made before issue 46); ``internal-ring-block``: the same with ring atoms
+  bonds, angles and torsions; issue 41), ``internal-fixed-base``: the same with its fitted
+  mixture not trained (issue 46); ``internal-ring-block``: the same with ring atoms
   as one Cartesian block; ``internal-circle``: ``--torsions circle`` (every torsion an angle,
   a coupling spline flow on bonds, angles and the circle; issue 46);
 * ``cartesian``: ``--geometry cartesian`` (`ShapeFlow` on straight paths, the EFM
@@ -106,7 +105,7 @@ MOLECULES = {"butane": "CCCC", "glycerol": "OCC(O)CO",
 (15 atoms) is issue 46's minimized-ensemble molecule, ``ibuprofen`` ((S), 33 atoms) its
 drug-sized one (an isobutyl branch, a phenyl ring, a stereo centre)."""
 MODELS = {"internal": {"geometry": "internal"},
-          "internal-trained-base": {"geometry": "internal", "train_base": True},
+          "internal-fixed-base": {"geometry": "internal", "train_base": False},
           "internal-ring-block": {"geometry": "internal", "ring_block": True},
           "internal-circle": {"geometry": "internal", "torus": True},
           "cartesian": {"geometry": "cartesian"}, "grassmann": {"geometry": "grassmann"},

@@ -192,10 +192,9 @@ class ShapeExperiment:
             minimized conformers, but breaks rings on thermal data, issue 46); False (the
             default): every torsion cut open, zuko's autoregressive NSF from a Gaussian
             mixture (issue 41).
-        train_base: the internal geometry's fitted mixture is trained with the flow
-            (`InternalFlowConfig.train_base`); False (the default since issue 46): it stays as
-            fitted, which keeps training on minimized conformers from blowing up. Runs made
-            before read as True.
+        train_base: the internal geometry's fitted mixture is trained with the flow (the
+            default, `InternalFlowConfig.train_base`); False: it stays as fitted (no blow-ups
+            on minimized conformers, but behind after 20 CPU minutes, issue 46).
         bonds, bond_orders, smiles: the molecule's bond table ``((i, j), ...)``, its orders
             and SMILES, read from the data (None when it has none).
         use_bonds: give the model the bond graph (the field's edge features). None, the
@@ -239,7 +238,7 @@ class ShapeExperiment:
     mirror_row: int | None = None
     zmatrix: dict | None = None
     torus: bool = False
-    train_base: bool = False
+    train_base: bool = True
 
     def __post_init__(self):
         refuse_removed_model(self.model)
@@ -296,7 +295,6 @@ class ShapeExperiment:
         removal (`REMOVED_MODELS`); a baseline run's values of the two-part model's options
         (`REMOVED_FIELDS`) are dropped."""
         refuse_removed_model(d.get("model", ADDED_FIELDS["model"]))
-        d = {"train_base": ADDED_FIELDS["train_base"], **d}  # runs before issue 46 trained it
         return cls(**{k: v for k, v in d.items() if k not in REMOVED_FIELDS})
 
 
