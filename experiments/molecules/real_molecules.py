@@ -364,6 +364,12 @@ def _split(r: dict) -> str:
     return f"{r['cpu_minutes']:.1f} / {r['val_cpu_minutes']:.1f} / {r['eval_cpu_minutes']:.1f}"
 
 
+def _molecule(r: dict) -> str:
+    """The row's molecule, with its conformer count where it is not the default 3,000."""
+    n = r.get("n_conformers")
+    return r["molecule"] + ("" if n in (None, 3000) else f" ({n:,} conformers)")
+
+
 def chemistry_markdown(rows: list[dict]) -> str:
     """The issue-35 table: one row per molecule and model, and the test conformers'."""
     f = lambda v, fmt: "–" if v is None else format(v, fmt)
@@ -408,7 +414,7 @@ def chemistry_markdown(rows: list[dict]) -> str:
         steric = r.get("nonbonded_clash_fraction")
         steric = "" if steric is None else f" ({steric:.1%})"
         lines.append(
-            f"| {r['molecule']} | {r['n_atoms']} | {model} | {cost[0]} | {nll} | "
+            f"| {_molecule(r)} | {r['n_atoms']} | {model} | {cost[0]} | {nll} | "
             f"{r['bonds_kept']:.1%} | {r['angle_error']:.1f} | {r['clash_fraction']:.1%}"
             f"{steric} | "
             f"{jsd} | {w1} | {f(r['stereo_kept'] if r['n_stereo'] else None, '.1%')} | "
