@@ -14,12 +14,12 @@ bring); the others: the thermal MMFF94 ensembles of ``experiments/molecules/
 real_molecules.py`` (3,000 conformers from 16 chains), made there or here. Every variant
 sees the same seeded 80/10/10 split.
 
-Variants (``VARIANTS``): ``issue41`` is what ``grassflow train --data`` trained before issue
-46 (zuko's autoregressive NSF, 3 transforms of 64 x 64, cut torsions, full whitening, an
-8-component mixture base, trained; Adam lr 1e-3, L2 weight decay 1e-4, batch 128); each other changes
-one thing: ``diagonal`` (each coordinate standardized alone), ``coupling`` (two-pass
-coupling NSF), ``one-gaussian`` (a one-component base), ``big`` (8 transforms of 256 x 256),
-``lr3e-4``, ``cosine`` (the lr decays to 0 over the budget), ``batch512``, ``no-decay``,
+Variants (``VARIANTS``): ``issue41`` is what ``grassflow train --data`` trains (issue 41's
+design, still the default after issue 46: zuko's autoregressive NSF, 3 transforms of
+64 x 64, cut torsions, full whitening, an 8-component mixture base, trained; Adam lr 1e-3,
+L2 weight decay 1e-4, batch 128); each other changes one thing: ``diagonal`` (each
+coordinate standardized alone), ``coupling`` (two-pass coupling NSF), ``one-gaussian``
+(a one-component base), ``big`` (8 transforms of 256 x 256), ``lr3e-4``, ``cosine`` (the lr decays to 0 over the budget), ``batch512``, ``no-decay``,
 ``clip100`` (gradients clipped to norm 100), ``frozen-base`` (the fitted mixture not trained,
 ``InternalFlowConfig(train_base=False)``),
 ``torus`` (circular splines on the torsions, coupling layers, a N(0,1) x uniform base,
