@@ -22,7 +22,8 @@ coordinate standardized alone), ``coupling`` (two-pass coupling NSF), ``one-gaus
 (a one-component base), ``big`` (8 transforms of 256 x 256), ``lr3e-4``, ``cosine`` (the
 lr decays to 0 over the budget), ``batch512``, ``no-decay``, ``clip100`` (gradients clipped
 to norm 100), ``frozen-base`` (the fitted mixture not trained,
-``InternalFlowConfig(train_base=False)``), ``torus`` (circular splines on the torsions, coupling layers, a N(0,1) x uniform base,
+``InternalFlowConfig(train_base=False)``), ``torus`` (circular splines on the torsions,
+coupling layers, a N(0,1) x uniform base,
 `grassflow.nn.torus_splines`), and combinations of the winners. The
 ``torus-*`` rows of a file were made before the circle's standardization
 (`grassflow.flows.internal_flow._moebius`) existed; ``moebius-*`` have it.
